@@ -1,0 +1,38 @@
+# Fadenstack: `make run` brings the console up, `make test` runs every test.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test test-fast lab-up lab-down lab-status bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || "$$(scripts/find-python)" -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+## The console on this host: SQLite and a Redis of its own unless DATABASE_URL / REDIS_URL say otherwise.
+run: $(VENV)/.installed
+	$(VENV)/bin/faden serve
+
+## The whole suite: unit, API, live updates, the lab (as root) and the browser tests.
+test: $(VENV)/.installed
+	$(PY) -m pytest
+
+## Everything but the lab and the browser.
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -m "not lab and not browser"
+
+lab-up: $(VENV)/.installed
+	$(VENV)/bin/faden lab up
+
+lab-down: $(VENV)/.installed
+	$(VENV)/bin/faden lab down
+
+lab-status: $(VENV)/.installed
+	$(VENV)/bin/faden lab status
+
+bench: $(VENV)/.installed
+	$(PY) bench/enrol.py
+
+clean:
+	rm -rf $(VENV) staticfiles

@@ -1,0 +1,10 @@
+"""The Celery app: every SSH job runs in a worker, periodic checks run from one beat."""
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+
+app = Celery("fadenstack")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()

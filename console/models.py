@@ -1,0 +1,49 @@
+"""The job row: every long operation is one, created by a service and run by one wrapper."""
+from django.db import models
+
+from console.choices import JOB_ACTIVE, JOB_BADGE, JobState
+
+
+class Job(models.Model):
+    kind = models.CharField(max_length=64, help_text="What runs, as app.action: machine.enrol")
+    title = models.CharField(max_length=200, help_text="What the administrator reads: Enrol lab-a")
+    target_type = models.CharField(max_length=32, help_text="The kind of object the job acts on")
+    target_id = models.BigIntegerField()
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED)
+    steps = models.JSONField(default=list, blank=True, help_text="[{name, state, detail}] in order")
+    error = models.TextField(blank=True)
+    error_kind = models.CharField(max_length=32, blank=True)
+    log = models.TextField(blank=True)
+    cancel_requested = models.BooleanField(default=False)
+    worker = models.CharField(max_length=200, blank=True)
+    created_by = models.ForeignKey(
+        "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    beat_at = models.DateTimeField(null=True, blank=True, help_text="Last sign of life of the worker")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["target_type", "target_id", "-created_at"]),
+            models.Index(fields=["state"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.title} ({self.get_state_display()})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in JOB_ACTIVE
+
+    @property
+    def badge(self) -> str:
+        return JOB_BADGE[self.state]
+
+    @property
+    def duration(self):
+        if self.started_at and self.finished_at:
+            return self.finished_at - self.started_at
+        return None

@@ -1,0 +1,201 @@
+"""Settings for the Fadenstack console, read from the environment.
+
+Every setting is listed in the README with its default. The defaults give a
+one-host console: SQLite in the data directory and Redis on localhost.
+"""
+import os
+import secrets
+from datetime import timedelta
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    return os.environ.get(name, str(default)).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+# Where the console keeps what is not in the database: its SSH key, the secret
+# key, the SQLite file, agent builds. Outside the repository on purpose.
+DATA_DIR = Path(os.environ.get("FADEN_DATA_DIR", Path.home() / ".local/share/fadenstack"))
+DATA_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
+def _secret_key() -> str:
+    if key := os.environ.get("FADEN_SECRET_KEY"):
+        return key
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(50))
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("FADEN_DEBUG")
+# Machines post their heartbeat to the console at whatever address they see it
+# on, so the host list is open by default; put the console's names here in production.
+ALLOWED_HOSTS = os.environ.get("FADEN_ALLOWED_HOSTS", "*").split(",")
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("FADEN_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "django_htmx",
+    "channels",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "console",
+    "machines",
+    "clusters",
+    "deployments",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "console.middleware.LoginRequiredForPages",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+ASGI_APPLICATION = "console.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "builtins": ["console.templatetags.units"],
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL", f"sqlite:///{DATA_DIR / 'db.sqlite3'}"),
+        conn_max_age=env_int("FADEN_DB_CONN_MAX_AGE", 0),
+    )
+}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # Web, worker and beat share one SQLite file: wait for locks instead of failing.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
+    )
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = os.environ.get("FADEN_TIME_ZONE", "UTC")
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = Path(os.environ.get("FADEN_STATIC_ROOT", BASE_DIR / "staticfiles"))
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    }
+}
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ALWAYS_EAGER = env_bool("FADEN_CELERY_EAGER")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "machines-mark-offline": {
+        "task": "machines.tasks.machines_mark_offline",
+        "schedule": timedelta(seconds=10),
+    },
+    "jobs-reap": {
+        "task": "console.tasks.jobs_reap",
+        "schedule": timedelta(seconds=60),
+    },
+}
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "console.api.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Fadenstack console API",
+    "DESCRIPTION": "Machines, clusters and deployments on your own GPU machines.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# SSH to the machines.
+FADEN_SSH_KEY_PATH = Path(os.environ.get("FADEN_SSH_KEY", DATA_DIR / "ssh" / "id_ed25519"))
+FADEN_SSH_CONNECT_TIMEOUT = env_int("FADEN_SSH_CONNECT_TIMEOUT", 10)
+FADEN_SSH_COMMAND_TIMEOUT = env_int("FADEN_SSH_COMMAND_TIMEOUT", 120)
+FADEN_SSH_CONCURRENCY = env_int("FADEN_SSH_CONCURRENCY", 32)
+
+# Heartbeats: how machines reach the console, how often they beat, when they count as offline.
+FADEN_CONSOLE_URL = os.environ.get("FADEN_CONSOLE_URL", "")
+FADEN_WEB_PORT = env_int("FADEN_WEB_PORT", 8000)
+FADEN_HEARTBEAT_INTERVAL = env_int("FADEN_HEARTBEAT_INTERVAL", 10)
+FADEN_OFFLINE_AFTER = env_int("FADEN_OFFLINE_AFTER", 30)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("FADEN_LOG_LEVEL", "INFO")},
+    "loggers": {"paramiko": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
+}
+
+# Static files are served by WhiteNoise from the collected folder, and straight from static/ before
+# collectstatic has run (one process, no separate web server to configure).
+WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,8 @@
+from celery import shared_task
+
+from console.jobs import jobs_reap as jobs_reap_service
+
+
+@shared_task
+def jobs_reap() -> int:
+    return jobs_reap_service()

@@ -1,0 +1,67 @@
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+
+from machines import services
+from machines.models import Accelerator, Machine, MachineEvent, NetworkInterface
+
+
+class AcceleratorInline(admin.TabularInline):
+    model = Accelerator
+    extra = 0
+    readonly_fields = ["index", "vendor", "model", "memory_mib", "uuid", "pci_bus_id"]
+    can_delete = False
+
+
+class InterfaceInline(admin.TabularInline):
+    model = NetworkInterface
+    extra = 0
+    readonly_fields = ["name", "kind", "addresses", "speed_mbps", "default_route", "management", "mac", "mtu", "state"]
+    can_delete = False
+
+
+@admin.register(Machine)
+class MachineAdmin(admin.ModelAdmin):
+    list_display = ["name", "address", "state", "arch", "agent_version", "last_seen"]
+    list_filter = ["state", "arch"]
+    search_fields = ["name", "address", "hostname"]
+    readonly_fields = [
+        "state", "state_reason", "state_changed_at", "host_key_fingerprint", "offered_host_key_fingerprint",
+        "arch", "hostname", "cpu_count", "memory_mib", "store_path", "store_free_bytes", "store_total_bytes",
+        "container_runtime", "agent_version", "agent_path", "facts", "facts_at", "heartbeat_token_hash",
+        "last_seen", "created_at",
+    ]
+    inlines = [AcceleratorInline, InterfaceInline]
+    actions = ["refresh_facts"]
+
+    def has_add_permission(self, request):
+        return False  # machines are added through Add a machine, which confirms the host key
+
+    @admin.action(description="Refresh facts")
+    def refresh_facts(self, request, queryset):
+        for machine in queryset:
+            try:
+                services.machine_refresh(machine=machine, user=request.user)
+            except ValidationError as exc:
+                self.message_user(request, f"{machine.name}: {' '.join(exc.messages)}", messages.WARNING)
+
+    def delete_model(self, request, obj):
+        services.machine_delete(machine=obj)
+
+
+@admin.register(MachineEvent)
+class MachineEventAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "machine", "kind", "message"]
+    list_filter = ["kind"]
+    search_fields = ["machine__name", "message"]
+
+
+@admin.register(Accelerator)
+class AcceleratorAdmin(admin.ModelAdmin):
+    list_display = ["machine", "index", "vendor", "model", "memory_mib"]
+    list_filter = ["vendor", "model"]
+
+
+@admin.register(NetworkInterface)
+class NetworkInterfaceAdmin(admin.ModelAdmin):
+    list_display = ["machine", "name", "kind", "speed_mbps", "default_route", "management"]
+    list_filter = ["kind"]

@@ -1,0 +1,130 @@
+"""REST for machines: list, add, read, delete, refresh, trust a host key. Same services as the pages."""
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from console.models import Job
+from machines import services
+from machines.models import Accelerator, Machine, NetworkInterface
+from machines.validators import (
+    validate_address,
+    validate_fingerprint,
+    validate_machine_name,
+    validate_ssh_user,
+)
+from machines.views import machine_list_queryset
+
+
+class AcceleratorSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Accelerator
+        fields = ["index", "vendor", "model", "memory_mib", "uuid"]
+
+
+class AcceleratorsSerializer(serializers.Serializer):
+    """The machine's accelerators in one line (count, model, memory) and each one."""
+
+    count = serializers.IntegerField()
+    model = serializers.CharField(allow_blank=True)
+    memory_mib = serializers.IntegerField(allow_null=True)
+    devices = AcceleratorSerializer(many=True)
+
+
+class InterfaceSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = NetworkInterface
+        fields = ["name", "kind", "addresses", "speed_mbps", "default_route", "management", "mac", "mtu", "state"]
+
+
+class MachineSerializer(serializers.ModelSerializer):
+    state_display = serializers.CharField(source="get_state_display", read_only=True)
+    accelerators = serializers.SerializerMethodField()
+    interfaces = InterfaceSerializer(many=True, read_only=True)
+    url = serializers.HyperlinkedIdentityField(view_name="machine-detail")
+
+    class Meta:
+        model = Machine
+        fields = [
+            "id", "url", "name", "address", "ssh_port", "ssh_user", "state", "state_display", "state_reason",
+            "host_key_fingerprint", "offered_host_key_fingerprint", "arch", "hostname", "cpu_count", "memory_mib",
+            "store_path", "store_free_bytes", "container_runtime", "agent_version", "accelerators", "interfaces",
+            "last_seen", "facts_at", "created_at",
+        ]
+        read_only_fields = fields
+
+    @extend_schema(responses=AcceleratorsSerializer)
+    def get_accelerators(self, machine: Machine) -> dict:
+        devices = list(machine.accelerators.all())
+        models = {d.model for d in devices}
+        return {
+            "count": len(devices),
+            "model": models.pop() if len(models) == 1 else (" + ".join(sorted(models)) if models else ""),
+            "memory_mib": devices[0].memory_mib if devices else None,
+            "devices": AcceleratorSerializer(devices, many=True).data,
+        }
+
+
+class MachineCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(validators=[validate_machine_name])
+    address = serializers.CharField(validators=[validate_address])
+    ssh_port = serializers.IntegerField(default=22, min_value=1, max_value=65535)
+    ssh_user = serializers.CharField(default="root", validators=[validate_ssh_user])
+    host_key_fingerprint = serializers.CharField(
+        required=False, allow_blank=True, validators=[validate_fingerprint],
+        help_text="The machine's SHA256 host key fingerprint. Given: enrolment starts at once. "
+        "Left out: the machine waits for POST trust-host-key/ with the fingerprint it offered.",
+    )
+
+
+class TrustHostKeySerializer(serializers.Serializer):
+    fingerprint = serializers.CharField(help_text="The fingerprint the machine offered (SHA256:...)")
+
+
+class JobSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Job
+        fields = ["id", "kind", "title", "state", "steps", "error", "created_at", "started_at", "finished_at"]
+
+
+class MachineViewSet(
+    mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+):
+    serializer_class = MachineSerializer
+
+    def get_queryset(self):
+        return machine_list_queryset().prefetch_related("interfaces")
+
+    @extend_schema(request=MachineCreateSerializer, responses={201: MachineSerializer})
+    def create(self, request):
+        """Add a machine. The console fetches its host key first; nothing is stored if that fails."""
+        data = MachineCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        machine = services.machine_create(**data.validated_data, user=request.user)
+        body = MachineSerializer(machine, context={"request": request}).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    def perform_destroy(self, machine):
+        services.machine_delete(machine=machine)
+
+    @extend_schema(request=None, responses={202: JobSerializer})
+    @action(detail=True, methods=["post"])
+    def refresh(self, request, pk=None):
+        """Read the machine's facts again (installing the current agent if needed)."""
+        job = services.machine_refresh(machine=self.get_object(), user=request.user)
+        return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=TrustHostKeySerializer, responses={202: JobSerializer})
+    @action(detail=True, methods=["post"], url_path="trust-host-key")
+    def trust_host_key(self, request, pk=None):
+        """Trust the host key the machine offered (first contact, or after it changed) and enrol it."""
+        data = TrustHostKeySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            job = services.machine_trust_host_key(
+                machine=self.get_object(), fingerprint=data.validated_data["fingerprint"], user=request.user
+            )
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.message_dict) from exc
+        return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,88 @@
+"""The enrolment job: connect, check Python, install the agent, read facts, start the heartbeat.
+
+Every step is idempotent, so the same job serves the first enrolment, a
+refresh of the facts and an agent update.
+"""
+from __future__ import annotations
+
+import ipaddress
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from fabric import Connection
+
+from console.jobs import JobContext, JobError
+from machines import remote, services
+from machines.agent import agent_build, agent_install, python_check
+from machines.choices import MachineState
+from machines.models import Machine
+
+HEARTBEAT_PATH = "/agent/heartbeat/"
+
+
+def heartbeat_url(conn: Connection) -> str:
+    """The console's heartbeat URL as the machine sees it: the setting, or the address its SSH session came from."""
+    if settings.FADEN_CONSOLE_URL:
+        return settings.FADEN_CONSOLE_URL.rstrip("/") + HEARTBEAT_PATH
+    fields = remote.run(conn, ["printenv", "SSH_CONNECTION"]).stdout.split()
+    try:
+        seen_as = ipaddress.ip_address(fields[0])
+    except (IndexError, ValueError) as exc:
+        raise remote.RemoteError(
+            "Could not tell the console's address as the machine sees it; set FADEN_CONSOLE_URL.", kind="not_retryable"
+        ) from exc
+    host = f"[{seen_as}]" if seen_as.version == 6 else str(seen_as)
+    return f"http://{host}:{settings.FADEN_WEB_PORT}{HEARTBEAT_PATH}"
+
+
+def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:
+    machine = Machine.objects.get(pk=machine_id)
+    build = agent_build()
+    try:
+        ctx.step("Connect", f"{machine.ssh_user}@{machine.address} port {machine.ssh_port}")
+        with remote.connect(services.machine_target(machine)) as conn:
+            ctx.log(f"Connected to {machine.address}; host key {machine.host_key_fingerprint} matches.")
+            ctx.step("Check Python")
+            ctx.detail(f"Python {python_check(conn)}")
+            ctx.step("Install the agent")
+            path, uploaded = agent_install(conn, build)
+            ctx.detail(f"{build.version} at {path}" + ("" if uploaded else " (already there)"))
+            ctx.log(f"Agent {build.version} {'uploaded, sha256 checked' if uploaded else 'already installed'}: {path}")
+            ctx.step("Read facts")
+            facts = remote.run_agent(conn, ["python3", path, "facts"])["facts"]
+            with transaction.atomic():
+                machine.refresh_from_db()
+                machine.agent_path = path
+                services.machine_facts_apply(machine=machine, facts=facts)
+            ctx.detail(machine.accelerator_summary() or "no accelerators")
+            ctx.step("Start the heartbeat")
+            url = heartbeat_url(conn)
+            token, token_hash = services.heartbeat_token_new()
+            with transaction.atomic():
+                # Store the hash first: the first beat may arrive before the command returns.
+                Machine.objects.filter(pk=machine.pk).update(heartbeat_token_hash=token_hash)
+            remote.run_agent(
+                conn,
+                ["python3", path, "heartbeat", "start", "--url", url, "--interval", str(settings.FADEN_HEARTBEAT_INTERVAL)],
+                stdin=token.encode() + b"\n",
+            )
+            ctx.detail(f"every {settings.FADEN_HEARTBEAT_INTERVAL} s to {url}")
+    except remote.HostKeyMismatch as exc:
+        with transaction.atomic():
+            machine = Machine.objects.select_for_update().get(pk=machine_id)
+            machine.offered_host_key_fingerprint = exc.offered
+            machine.save(update_fields=["offered_host_key_fingerprint"])
+            services.machine_transition(machine=machine, to=MachineState.FAILED, reason=exc.message)
+        raise JobError(exc.message, kind=exc.kind) from exc
+    except remote.RemoteError as exc:
+        with transaction.atomic():
+            machine = Machine.objects.select_for_update().get(pk=machine_id)
+            if machine.state in (MachineState.ENROLLING, MachineState.FAILED):
+                services.machine_transition(machine=machine, to=MachineState.FAILED, reason=exc.message)
+        raise JobError(exc.message, kind=exc.kind) from exc
+    with transaction.atomic():
+        machine = Machine.objects.select_for_update().get(pk=machine_id)
+        machine.last_seen = timezone.now()
+        machine.save(update_fields=["last_seen"])
+        services.machine_transition(machine=machine, to=MachineState.HEALTHY)

@@ -1,0 +1,129 @@
+"""Enrolled machines and what they reported about themselves."""
+import re
+from collections import Counter
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.urls import reverse
+
+from machines import validators
+from machines.choices import MACHINE_BADGE, EventKind, InterfaceKind, MachineState
+
+
+class Machine(models.Model):
+    name = models.CharField(max_length=63, unique=True, validators=[validators.validate_machine_name])
+    address = models.CharField(
+        max_length=253, validators=[validators.validate_address], help_text="Where the console reaches it over SSH"
+    )
+    ssh_port = models.PositiveIntegerField(
+        default=22, validators=[MinValueValidator(1), MaxValueValidator(65535), validators.validate_ssh_port]
+    )
+    ssh_user = models.CharField(max_length=32, default="root", validators=[validators.validate_ssh_user])
+    host_key_fingerprint = models.CharField(
+        max_length=100, blank=True, validators=[validators.validate_fingerprint], help_text="The pinned host key"
+    )
+    offered_host_key_fingerprint = models.CharField(
+        max_length=100, blank=True, help_text="A key the machine offered that is not (yet) trusted"
+    )
+
+    state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.HOST_KEY)
+    state_reason = models.TextField(blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+
+    arch = models.CharField(max_length=32, blank=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    cpu_count = models.PositiveIntegerField(null=True, blank=True)
+    memory_mib = models.PositiveBigIntegerField(null=True, blank=True)
+    store_path = models.CharField(max_length=255, blank=True)
+    store_free_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    store_total_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    container_runtime = models.CharField(max_length=64, blank=True)
+    agent_version = models.CharField(max_length=32, blank=True)
+    agent_path = models.CharField(max_length=255, blank=True)
+    facts = models.JSONField(default=dict, blank=True, help_text="The agent's last facts, as it reported them")
+    facts_at = models.DateTimeField(null=True, blank=True)
+
+    heartbeat_token_hash = models.CharField(max_length=64, blank=True, db_index=True)
+    last_seen = models.DateTimeField(null=True, blank=True)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [models.Index(fields=["state", "last_seen"])]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def get_absolute_url(self) -> str:
+        return reverse("machines:detail", args=[self.pk])
+
+    @property
+    def badge(self) -> str:
+        return MACHINE_BADGE[self.state]
+
+    def accelerator_summary(self) -> str:
+        """``8 x H100 80GB``, or ``4 x A100 40GB + 2 x L4`` on a mixed machine; empty without any."""
+        counts = Counter(short_model(a.model) for a in self.accelerators.all())
+        return " + ".join(f"{n} x {model}" for model, n in counts.items())
+
+
+def short_model(model: str) -> str:
+    """The model as people say it: ``NVIDIA H100 80GB HBM3`` -> ``H100 80GB``, ``NVIDIA A100-SXM4-40GB`` -> ``A100 40GB``."""
+    text = re.sub(r"-(SXM\d*|PCIE)-", " ", model, flags=re.IGNORECASE)
+    words = [w for w in text.split() if w.upper() not in {"NVIDIA", "AMD"} and not re.match(r"^(HBM|GDDR)", w, re.I)]
+    return " ".join(words) or model
+
+
+class Accelerator(models.Model):
+    machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="accelerators")
+    index = models.PositiveIntegerField()
+    vendor = models.CharField(max_length=16)
+    model = models.CharField(max_length=128)
+    memory_mib = models.PositiveBigIntegerField(null=True, blank=True)
+    uuid = models.CharField(max_length=128, blank=True)
+    pci_bus_id = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["machine", "index"]
+        constraints = [models.UniqueConstraint(fields=["machine", "index"], name="accelerator_index_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.machine.name} #{self.index} {self.model}"
+
+
+class NetworkInterface(models.Model):
+    machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="interfaces")
+    name = models.CharField(max_length=32)
+    kind = models.CharField(max_length=16, choices=InterfaceKind.choices)
+    mac = models.CharField(max_length=32, blank=True)
+    mtu = models.PositiveIntegerField(null=True, blank=True)
+    state = models.CharField(max_length=16, blank=True)
+    addresses = models.JSONField(default=list, blank=True, help_text="Addresses with prefix: 198.18.1.11/24")
+    speed_mbps = models.PositiveIntegerField(null=True, blank=True)
+    default_route = models.BooleanField(default=False)
+    management = models.BooleanField(default=False, help_text="Carries the console's traffic or the default route")
+
+    class Meta:
+        ordering = ["machine", "name"]
+        constraints = [models.UniqueConstraint(fields=["machine", "name"], name="interface_name_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.machine.name}:{self.name}"
+
+    @property
+    def is_vpn(self) -> bool:
+        return self.kind == InterfaceKind.VPN
+
+
+class MachineEvent(models.Model):
+    machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="events")
+    kind = models.CharField(max_length=16, choices=EventKind.choices)
+    message = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.machine.name}: {self.message}"

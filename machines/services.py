@@ -1,0 +1,306 @@
+"""Everything that changes a machine: enrolment, host keys, facts, heartbeats, state.
+
+Views, the API, the admin and tasks all call these functions; nothing else
+writes a machine's state.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+from django.utils.timesince import timesince
+
+from console import live
+from console.jobs import job_create
+from console.models import Job
+from machines import remote
+from machines.choices import TRANSITIONS, EventKind, InterfaceKind, MachineState
+from machines.models import Accelerator, Machine, MachineEvent, NetworkInterface
+
+log = logging.getLogger(__name__)
+
+ENROL_STEPS = ["Connect", "Check Python", "Install the agent", "Read facts", "Start the heartbeat"]
+
+
+class InvalidTransition(Exception):
+    pass
+
+
+def machine_changed(machine: Machine) -> None:
+    """Tell the pages that show this machine to render it again (after commit)."""
+    live.push("machines", part=str(machine.pk))
+    live.push(f"machine:{machine.pk}")
+
+
+def machine_event(*, machine: Machine, kind: str, message: str) -> MachineEvent:
+    return MachineEvent.objects.create(machine=machine, kind=kind, message=message)
+
+
+def machine_transition(*, machine: Machine, to: str, reason: str = "") -> bool:
+    """The one way a machine changes state: checked against TRANSITIONS, saved, recorded, pushed.
+
+    Returns False when the machine is already in that state (only the reason is refreshed).
+    """
+    if machine.state == to:
+        if reason != machine.state_reason:
+            machine.state_reason = reason
+            machine.save(update_fields=["state_reason"])
+            machine_changed(machine)
+        return False
+    if to not in TRANSITIONS[machine.state]:
+        raise InvalidTransition(f"{machine.name} cannot go from {machine.get_state_display()} to {MachineState(to).label}.")
+    before = machine.get_state_display()
+    machine.state = to
+    machine.state_reason = reason
+    machine.state_changed_at = timezone.now()
+    machine.save(update_fields=["state", "state_reason", "state_changed_at"])
+    message = f"{before} → {machine.get_state_display()}" + (f": {reason}" if reason else "")
+    machine_event(machine=machine, kind=EventKind.STATE, message=message)
+    machine_changed(machine)
+    return True
+
+
+def machine_target(machine: Machine) -> remote.Target:
+    return remote.Target(
+        address=machine.address, port=machine.ssh_port, user=machine.ssh_user, fingerprint=machine.host_key_fingerprint
+    )
+
+
+# -- adding a machine -------------------------------------------------------------------
+
+
+def machine_validate(*, name: str, address: str, ssh_port: int, ssh_user: str) -> Machine:
+    """An unsaved machine whose fields passed every check; raises ValidationError by field."""
+    machine = Machine(name=name, address=address, ssh_port=ssh_port, ssh_user=ssh_user)
+    machine.full_clean(exclude=["host_key_fingerprint", "offered_host_key_fingerprint", "state"])
+    return machine
+
+
+def machine_host_key_scan(*, address: str, ssh_port: int) -> str:
+    """Fetch the fingerprint the machine offers, as a ValidationError when it cannot be reached."""
+    try:
+        return remote.scan_host_key(address, ssh_port)
+    except remote.RemoteError as exc:
+        raise ValidationError({"address": exc.message}) from exc
+
+
+def machine_create(
+    *, name: str, address: str, ssh_port: int = 22, ssh_user: str = "root", host_key_fingerprint: str = "", user=None
+) -> Machine:
+    """Add a machine.
+
+    With a fingerprint (confirmed on the page, or given in the API call) the
+    machine must offer exactly that key, and enrolment starts. Without one the
+    machine waits in "Host key to confirm" with the key it offered.
+    """
+    machine = machine_validate(name=name, address=address, ssh_port=ssh_port, ssh_user=ssh_user)
+    if host_key_fingerprint:
+        machine.host_key_fingerprint = host_key_fingerprint
+        machine.full_clean(validate_unique=False, exclude=["offered_host_key_fingerprint", "state"])
+    offered = machine_host_key_scan(address=address, ssh_port=ssh_port)
+    if host_key_fingerprint and offered != host_key_fingerprint:
+        raise ValidationError(
+            {
+                "host_key_fingerprint": f"The machine offered the host key {offered}, not {host_key_fingerprint}. "
+                "Check the address, or the fingerprint you were given."
+            }
+        )
+    with transaction.atomic():
+        machine.offered_host_key_fingerprint = "" if host_key_fingerprint else offered
+        machine.state = MachineState.ENROLLING if host_key_fingerprint else MachineState.HOST_KEY
+        machine.save()
+        machine_event(
+            machine=machine,
+            kind=EventKind.HOST_KEY,
+            message=f"Host key {offered} " + ("confirmed when the machine was added." if host_key_fingerprint else "offered on first contact."),
+        )
+        if host_key_fingerprint:
+            machine_enrol_start(machine=machine, user=user)
+        live.push("machines", part=f"new-{machine.pk}")
+    return machine
+
+
+def machine_trust_host_key(*, machine: Machine, fingerprint: str, user=None) -> Job:
+    """Trust the key the machine offered (first contact or after a change) and enrol it again."""
+    remote_fp = machine.offered_host_key_fingerprint
+    if not remote_fp:
+        raise ValidationError({"fingerprint": "This machine has no new host key waiting to be trusted."})
+    if fingerprint != remote_fp:
+        raise ValidationError(
+            {"fingerprint": f"The machine offered {remote_fp}; confirm that fingerprint, not {fingerprint or 'nothing'}."}
+        )
+    with transaction.atomic():
+        machine = Machine.objects.select_for_update().get(pk=machine.pk)
+        previous = machine.host_key_fingerprint
+        machine.host_key_fingerprint = fingerprint
+        machine.offered_host_key_fingerprint = ""
+        machine.save(update_fields=["host_key_fingerprint", "offered_host_key_fingerprint"])
+        message = f"Host key {fingerprint} trusted" + (f" in place of {previous}." if previous else ".")
+        machine_event(machine=machine, kind=EventKind.HOST_KEY, message=message)
+        return machine_enrol_start(machine=machine, user=user)
+
+
+def machine_enrol_start(*, machine: Machine, user=None, title: str = "") -> Job:
+    """Write the enrolment job and enqueue it after commit; the machine reads Enrolling meanwhile."""
+    from machines.tasks import machine_enrol
+
+    if machine.state != MachineState.ENROLLING:
+        machine_transition(machine=machine, to=MachineState.ENROLLING)
+    job = job_create(
+        kind="machine.enrol",
+        title=title or f"Enrol {machine.name}",
+        target_type="machine",
+        target_id=machine.pk,
+        steps=ENROL_STEPS,
+        user=user,
+    )
+    transaction.on_commit(lambda: machine_enrol.delay(job.pk))
+    return job
+
+
+def machine_refresh(*, machine: Machine, user=None) -> Job:
+    """Read the facts again (and bring the agent up to date): the enrolment job, run again."""
+    if machine.state == MachineState.HOST_KEY or (machine.offered_host_key_fingerprint and machine.state == MachineState.FAILED):
+        raise ValidationError("Confirm the machine's host key first.")
+    if Job.objects.filter(target_type="machine", target_id=machine.pk, state__in=["queued", "running"]).exists():
+        raise ValidationError("A job is already running on this machine; wait for it to finish.")
+    with transaction.atomic():
+        from machines.tasks import machine_enrol
+
+        if machine.state == MachineState.FAILED:
+            return machine_enrol_start(machine=machine, user=user, title=f"Refresh facts of {machine.name}")
+        job = job_create(
+            kind="machine.refresh",
+            title=f"Refresh facts of {machine.name}",
+            target_type="machine",
+            target_id=machine.pk,
+            steps=ENROL_STEPS,
+            user=user,
+        )
+        transaction.on_commit(lambda: machine_enrol.delay(job.pk))
+        machine_changed(machine)
+    return job
+
+
+def machine_delete(*, machine: Machine) -> None:
+    """Forget the machine. Its heartbeats are refused from now on; the agent stays on it until re-used."""
+    with transaction.atomic():
+        Job.objects.filter(target_type="machine", target_id=machine.pk, state__in=["queued", "running"]).update(
+            cancel_requested=True
+        )
+        pk = machine.pk
+        machine.delete()
+        live.push("machines", part=f"deleted-{pk}")
+
+
+# -- facts and heartbeats ---------------------------------------------------------------
+
+
+def heartbeat_token_new() -> tuple[str, str]:
+    """A fresh per-machine token and the hash the console keeps of it."""
+    token = secrets.token_urlsafe(32)
+    return token, hashlib.sha256(token.encode()).hexdigest()
+
+
+def machine_facts_apply(*, machine: Machine, facts: dict) -> None:
+    """Store what the agent reported: the row's summary fields, its accelerators and interfaces."""
+    store = facts.get("store") or {}
+    runtime = facts.get("container_runtime") or {}
+    machine.facts = facts
+    machine.facts_at = timezone.now()
+    machine.arch = str(facts.get("arch", ""))[:32]
+    machine.hostname = str(facts.get("hostname", ""))[:255]
+    machine.cpu_count = facts.get("cpu_count")
+    machine.memory_mib = facts.get("memory_mib")
+    machine.store_path = str(store.get("path", ""))[:255]
+    machine.store_free_bytes = store.get("free_bytes")
+    machine.store_total_bytes = store.get("total_bytes")
+    machine.container_runtime = str(runtime.get("name", "")) if runtime else ""
+    machine.agent_version = str(facts.get("agent_version", ""))[:32]
+    machine.save()
+    machine.accelerators.all().delete()
+    Accelerator.objects.bulk_create(
+        Accelerator(
+            machine=machine,
+            index=int(a.get("index", i)),
+            vendor=str(a.get("vendor", ""))[:16],
+            model=str(a.get("model", ""))[:128],
+            memory_mib=a.get("memory_mib"),
+            uuid=str(a.get("uuid") or "")[:128],
+            pci_bus_id=str(a.get("pci_bus_id") or "")[:64],
+        )
+        for i, a in enumerate(facts.get("accelerators") or [])
+    )
+    machine.interfaces.all().delete()
+    NetworkInterface.objects.bulk_create(
+        _interface_row(machine, iface) for iface in facts.get("interfaces") or [] if iface.get("name")
+    )
+
+
+def _interface_row(machine: Machine, iface: dict) -> NetworkInterface:
+    addresses = [str(a) for a in iface.get("addresses") or []]
+    kind = iface.get("kind") if iface.get("kind") in InterfaceKind.values else InterfaceKind.PHYSICAL
+    reaches_console = any(a.split("/")[0] == machine.address for a in addresses)
+    return NetworkInterface(
+        machine=machine,
+        name=str(iface["name"])[:32],
+        kind=kind,
+        mac=str(iface.get("mac") or "")[:32],
+        mtu=iface.get("mtu"),
+        state=str(iface.get("state") or "")[:16],
+        addresses=addresses,
+        speed_mbps=iface.get("speed_mbps") if (iface.get("speed_mbps") or 0) > 0 else None,
+        default_route=bool(iface.get("default_route")),
+        management=bool(iface.get("default_route")) or reaches_console,
+    )
+
+
+def machine_heartbeat(*, token: str, payload: dict) -> Machine | None:
+    """A heartbeat from a machine's agent: it is alive. An Offline machine comes back Healthy.
+
+    Returns None for a token no machine holds.
+    """
+    if not token or len(token) > 200:
+        return None
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    now = timezone.now()
+    with transaction.atomic():
+        machine = Machine.objects.select_for_update().filter(heartbeat_token_hash=digest).first()
+        if machine is None:
+            return None
+        was_seen = machine.last_seen
+        machine.last_seen = now
+        fields = ["last_seen"]
+        version = str(payload.get("agent_version", ""))[:32]
+        if version and version != machine.agent_version:
+            machine.agent_version = version
+            fields.append("agent_version")
+        machine.save(update_fields=fields)
+        if machine.state in (MachineState.OFFLINE,):
+            away = f" after {timesince(was_seen, now)} without a heartbeat" if was_seen else ""
+            machine_transition(machine=machine, to=MachineState.HEALTHY)
+            machine_event(machine=machine, kind=EventKind.RECONNECTED, message=f"Reconnected{away}.")
+        # Otherwise nothing to push: pages show "last seen" relative to a timestamp and tick by themselves.
+    return machine
+
+
+def machines_mark_offline(*, now=None) -> list[int]:
+    """Mark Healthy machines without a heartbeat for FADEN_OFFLINE_AFTER seconds Offline."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.FADEN_OFFLINE_AFTER)
+    stale = Machine.objects.filter(state=MachineState.HEALTHY, last_seen__lt=cutoff).values_list("pk", flat=True)
+    marked = []
+    for pk in stale:
+        with transaction.atomic():
+            machine = Machine.objects.select_for_update().get(pk=pk)
+            if machine.state == MachineState.HEALTHY and machine.last_seen and machine.last_seen < cutoff:
+                seconds = int((now - machine.last_seen).total_seconds())
+                machine_transition(machine=machine, to=MachineState.OFFLINE, reason=f"No heartbeat for {seconds} s.")
+                marked.append(pk)
+    return marked

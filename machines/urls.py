@@ -1,0 +1,14 @@
+from django.urls import path
+
+from machines import views
+
+app_name = "machines"
+
+urlpatterns = [
+    path("", views.machine_list, name="list"),
+    path("add/", views.machine_add, name="add"),
+    path("<int:pk>/", views.machine_detail, name="detail"),
+    path("<int:pk>/refresh/", views.machine_refresh, name="refresh"),
+    path("<int:pk>/trust-host-key/", views.machine_trust_host_key, name="trust-host-key"),
+    path("<int:pk>/delete/", views.machine_delete, name="delete"),
+]

@@ -1,0 +1,183 @@
+"""Machine pages: the list, Add a machine (details, then the host key), a machine's page."""
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.db.models import Count, Prefetch
+from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+from django_htmx.http import HttpResponseClientRedirect
+
+from console.models import Job
+from machines import remote, services
+from machines.choices import MachineState
+from machines.forms import ConfirmHostKeyForm, MachineForm, TrustHostKeyForm
+from machines.models import Accelerator, Machine
+
+PAGE_SIZE = 50
+
+
+def machine_list_queryset():
+    return Machine.objects.prefetch_related(Prefetch("accelerators", queryset=Accelerator.objects.only("machine_id", "model")))
+
+
+def machine_summary() -> dict:
+    by_state = dict(Machine.objects.values_list("state").annotate(n=Count("id")).order_by())
+    return {
+        "total": sum(by_state.values()),
+        "healthy": by_state.get(MachineState.HEALTHY, 0),
+        "attention": sum(by_state.get(s, 0) for s in (MachineState.OFFLINE, MachineState.FAILED, MachineState.HOST_KEY)),
+        "accelerators": Accelerator.objects.count(),
+    }
+
+
+def _filtered(request):
+    machines = machine_list_queryset()
+    state = request.GET.get("state", "")
+    if state in MachineState.values:
+        machines = machines.filter(state=state)
+    if query := request.GET.get("q", "").strip()[:100]:
+        machines = machines.filter(name__icontains=query) | machines.filter(address__icontains=query)
+    return machines, state, query
+
+
+def machine_list(request):
+    machines, state, query = _filtered(request)
+    page = Paginator(machines, PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "machines/machine_list.html",
+        {
+            "page": page,
+            "machines": page.object_list,
+            "summary": machine_summary(),
+            "states": MachineState.choices,
+            "state": state,
+            "query": query,
+            "live_topics": "topic=machines",
+        },
+    )
+
+
+def machine_add(request):
+    """Step one: name, address, port, user. Step two: confirm the host key the machine offered."""
+    context = {"public_key": remote.console_public_key()}
+    if request.method == "POST" and request.POST.get("step") == "confirm":
+        form = ConfirmHostKeyForm(request.POST)
+        if form.is_valid():
+            try:
+                machine = services.machine_create(
+                    **form.machine_fields(), host_key_fingerprint=form.cleaned_data["host_key_fingerprint"], user=request.user
+                )
+            except ValidationError as exc:
+                form.add_error(None, exc)
+            else:
+                messages.success(request, f"{machine.name} is being enrolled.")
+                url = machine.get_absolute_url()
+                return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+        context.update(form=form, step="confirm", fingerprint=request.POST.get("host_key_fingerprint", ""))
+    elif request.method == "POST":
+        form = MachineForm(request.POST)
+        step = "details"
+        if form.is_valid():
+            fields = form.machine_fields()
+            try:
+                fingerprint = services.machine_host_key_scan(address=fields["address"], ssh_port=fields["ssh_port"])
+            except ValidationError as exc:
+                form.add_error(None, exc)
+            else:
+                form = ConfirmHostKeyForm(initial={**fields, "host_key_fingerprint": fingerprint})
+                context["fingerprint"] = fingerprint
+                step = "confirm"
+        context.update(form=form, step=step)
+    else:
+        context.update(form=MachineForm(), step="details")
+    if request.htmx:
+        return render(request, "machines/machine_add.html#add-form", context)
+    return render(request, "machines/machine_add.html", context)
+
+
+def machine_cards(machine: Machine) -> dict:
+    """Everything a machine's page shows; the page, htmx and the websocket render from this."""
+    jobs = list(Job.objects.filter(target_type="machine", target_id=machine.pk)[:5])
+    return {
+        "machine": machine,
+        "accelerators": list(machine.accelerators.all()),
+        "interfaces": list(machine.interfaces.all()),
+        "job": jobs[0] if jobs else None,
+        "jobs": jobs,
+        "events": list(machine.events.all()[:15]),
+    }
+
+
+def machine_detail(request, pk: int):
+    machine = get_object_or_404(Machine, pk=pk)
+    context = machine_cards(machine) | {"live_topics": f"topic=machine:{machine.pk}"}
+    return render(request, "machines/machine_detail.html", context)
+
+
+@require_POST
+def machine_refresh(request, pk: int):
+    machine = get_object_or_404(Machine, pk=pk)
+    try:
+        services.machine_refresh(machine=machine, user=request.user)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    return redirect(machine)
+
+
+@require_POST
+def machine_trust_host_key(request, pk: int):
+    machine = get_object_or_404(Machine, pk=pk)
+    form = TrustHostKeyForm(request.POST)
+    try:
+        if not form.is_valid():
+            raise ValidationError(form.errors["fingerprint"])
+        services.machine_trust_host_key(machine=machine, fingerprint=form.cleaned_data["fingerprint"], user=request.user)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"The host key of {machine.name} is trusted; enrolling it.")
+    return redirect(machine)
+
+
+def machine_delete(request, pk: int):
+    machine = get_object_or_404(Machine, pk=pk)
+    if request.method == "POST":
+        services.machine_delete(machine=machine)
+        messages.success(request, f"{machine.name} was deleted.")
+        return redirect("machines:list")
+    return render(request, "machines/machine_delete.html", {"machine": machine})
+
+
+# -- live cards ---------------------------------------------------------------------------
+
+
+def render_machines_topic(arg: str, part: str) -> str:
+    """The list's live parts: the summary and the rows (all of the first page, or the one that changed).
+
+    A row whose machine is new is added at the end of the table; one that was deleted is removed.
+    """
+    context = {"summary": machine_summary(), "oob": True}
+    if part.startswith("deleted-"):
+        context["deleted_id"] = part.removeprefix("deleted-")
+    elif part.startswith("new-"):
+        context["machines"] = machine_list_queryset().filter(pk=int(part.removeprefix("new-")))
+        context["new"] = True
+    elif part:
+        context["machines"] = machine_list_queryset().filter(pk=int(part))
+    else:
+        context["machines"] = machine_list_queryset()[:PAGE_SIZE]
+    return render_to_string("machines/machine_list.html#live", context)
+
+
+def render_machine_topic(arg: str, part: str) -> str:
+    machine = Machine.objects.filter(pk=int(arg)).first()
+    if machine is None:
+        return ""
+    return render_to_string("machines/machine_detail.html#live", machine_cards(machine) | {"oob": True})
+
+
+def machine_detail_url(machine: Machine) -> str:
+    return reverse("machines:detail", args=[machine.pk])
