@@ -1,0 +1,255 @@
+"""``heartbeat run``: the foreground loop the heartbeat daemon execs.
+
+Every ``interval`` s (first beat at once) it POSTs
+``{"agent_version", "hostname", "uptime_s", "boot_id"}`` as JSON to the url
+with ``Authorization: Bearer <token>``; failures are logged (one line, the
+token never written) and the loop keeps going.  heartbeat.json is re-read
+when it changes; the loop ends on SIGTERM / SIGINT or when the file goes.
+"""
+
+import json
+import os
+import signal
+import socket
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from . import daemon, get_version
+from .heartbeat import load_config
+from .paths import Layout, atomic_write
+from .protocol import NOT_RETRYABLE, AgentError
+
+HTTP_TIMEOUT = 5.0
+TICK = 0.5
+REPEAT_LOG_EVERY = 300.0
+LOG_MAX_BYTES = 1024 * 1024
+
+
+def _read_first(path: str) -> str:
+    try:
+        with open(path, "r") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def beat_payload() -> dict:
+    uptime = _read_first("/proc/uptime").split()
+    return {
+        "agent_version": get_version(),
+        "hostname": socket.gethostname(),
+        "uptime_s": int(float(uptime[0])) if uptime else None,
+        "boot_id": _read_first("/proc/sys/kernel/random/boot_id") or None,
+    }
+
+
+def display_url(url: str) -> str:
+    """The url without credentials or query string, for logs."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = "[%s]" % host
+    if parts.port:
+        host += ":%d" % parts.port
+    return "%s://%s%s" % (parts.scheme, host, parts.path)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Never follow redirects: they would carry the bearer token elsewhere."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+class BeatFailed(Exception):
+    pass
+
+
+def send_beat(opener, config: dict, payload: dict) -> int:
+    """POST one heartbeat; the HTTP status, or BeatFailed with a readable reason."""
+    request = urllib.request.Request(
+        config["url"], data=json.dumps(payload).encode("utf-8"), method="POST",
+        headers={"Authorization": "Bearer " + config["token"],
+                 "Content-Type": "application/json",
+                 "User-Agent": "fadenstack-agent/" + get_version()})
+    try:
+        with opener.open(request, timeout=HTTP_TIMEOUT) as response:
+            response.read(65536)
+            return response.status
+    except urllib.error.HTTPError as exc:
+        raise BeatFailed("HTTP %d %s" % (exc.code, exc.reason))
+    except urllib.error.URLError as exc:
+        raise BeatFailed(str(exc.reason))
+    except socket.timeout:
+        raise BeatFailed("no answer within %g s" % HTTP_TIMEOUT)
+    except (OSError, ValueError) as exc:
+        raise BeatFailed("%s: %s" % (type(exc).__name__, exc))
+
+
+class Runner:
+    """The daemon loop; ``run()`` returns the exit code."""
+
+    def __init__(self, out, layout=None):
+        self.out = out
+        self.layout = layout or Layout()
+        self.opener = urllib.request.build_opener(_NoRedirect)
+        self.stopping = False
+        self.config = None
+        self.signature = None
+        self.status = {}
+        self.last_logged = None
+        self.last_log_at = 0.0
+
+    def log(self, message: str) -> None:
+        token = (self.config or {}).get("token")
+        self.out.log(message.replace(token, "[token]") if token else message)
+
+    def _signature(self):
+        try:
+            st = os.stat(self.layout.heartbeat_config)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _on_signal(self, signum, frame):
+        self.stopping = True
+
+    def write_status(self) -> None:
+        try:
+            atomic_write(self.layout.heartbeat_status,
+                         (json.dumps(self.status, indent=2) + "\n").encode("utf-8"), 0o644)
+        except OSError:
+            pass
+
+    def run(self) -> int:
+        self.config = load_config(self.layout)
+        self.signature = self._signature()
+        if self.config is None:
+            raise AgentError(NOT_RETRYABLE, "heartbeat is not configured (no usable %s): run "
+                             "`heartbeat start` first" % self.layout.heartbeat_config)
+        lock = daemon.try_lock(self.layout.run_lock)
+        if lock is None:
+            _, pid = daemon.holder(self.layout.run_lock, self.layout.heartbeat_pid)
+            self.log("another heartbeat daemon already runs (pid %s); leaving it be" % pid)
+            return self.out.result(running=True, pid=pid, started=False)
+        pid = os.getpid()
+        try:
+            atomic_write(self.layout.heartbeat_pid, ("%d\n" % pid).encode("ascii"), 0o644)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, self._on_signal)
+            self.status = {"running": True, "pid": pid, "version": get_version(),
+                           "started_at": time.time(), "url": display_url(self.config["url"]),
+                           "interval": self.config["interval"], "beats": 0, "last_ok_at": None,
+                           "last_error": None, "consecutive_failures": 0}
+            self.write_status()
+            self.log("heartbeat daemon started (pid %d, agent %s): %s every %s s"
+                     % (pid, get_version(), display_url(self.config["url"]), self.config["interval"]))
+            self.loop()
+        finally:
+            self.status.update(running=False, stopped_at=time.time())
+            self.write_status()
+            if daemon.read_pid(self.layout.heartbeat_pid) == pid:
+                try:
+                    os.unlink(self.layout.heartbeat_pid)
+                except OSError:
+                    pass
+            daemon.unlock(lock)
+        self.log("heartbeat daemon stopped")
+        return self.out.result(running=False, stopped=True, beats=self.status.get("beats", 0))
+
+    def loop(self) -> None:
+        next_beat = time.monotonic()
+        last_rotate_check = 0.0
+        while not self.stopping:
+            now = time.monotonic()
+            if self.reload_if_changed():
+                next_beat = now
+            if self.stopping:
+                break
+            if now >= next_beat:
+                self.beat_once()
+                next_beat += float(self.config["interval"])
+                if next_beat <= time.monotonic():
+                    next_beat = time.monotonic() + float(self.config["interval"])
+            if now - last_rotate_check >= 60:
+                last_rotate_check = now
+                self.rotate_log_if_big()
+            time.sleep(max(0.0, min(TICK, next_beat - time.monotonic())))
+
+    def reload_if_changed(self) -> bool:
+        signature = self._signature()
+        if signature == self.signature:
+            return False
+        self.signature = signature
+        if signature is None:
+            self.log("%s was removed; stopping" % self.layout.heartbeat_config)
+            self.stopping = True
+            return False
+        config = load_config(self.layout)
+        if config is None:
+            self.log("%s is not usable; keeping the previous settings" % self.layout.heartbeat_config)
+            return False
+        if config == self.config:
+            return False
+        what = [k for k in ("url", "interval", "token") if config.get(k) != self.config.get(k)]
+        self.log("configuration changed (%s): now %s every %s s"
+                 % (", ".join(what), display_url(config["url"]), config["interval"]))
+        self.config = config
+        self.status.update(url=display_url(config["url"]), interval=config["interval"])
+        return True
+
+    def beat_once(self) -> None:
+        try:
+            send_beat(self.opener, self.config, beat_payload())
+        except BeatFailed as exc:
+            self.failed(str(exc))
+        else:
+            failures = self.status["consecutive_failures"]
+            if failures:
+                self.log("heartbeat delivered again after %d failed attempt(s)" % failures)
+            elif self.status["beats"] == 0:
+                self.log("first heartbeat delivered to %s" % display_url(self.config["url"]))
+            self.status.update(last_ok_at=time.time(), consecutive_failures=0, last_error=None)
+            self.last_logged = None
+        self.status["beats"] += 1
+        self.write_status()
+
+    def failed(self, message: str) -> None:
+        token = self.config.get("token")
+        if token:
+            message = message.replace(token, "[token]")
+        self.status["consecutive_failures"] += 1
+        self.status["last_error"] = message
+        now = time.monotonic()
+        if message != self.last_logged or now - self.last_log_at >= REPEAT_LOG_EVERY:
+            count = self.status["consecutive_failures"]
+            self.log("heartbeat to %s failed: %s%s" % (display_url(self.config["url"]), message,
+                     " (%d failures in a row)" % count if count > 1 else ""))
+            self.last_logged, self.last_log_at = message, now
+
+    def rotate_log_if_big(self) -> None:
+        path = self.layout.heartbeat_log
+        try:
+            out, st = os.fstat(1), os.stat(path)
+        except OSError:
+            return
+        if (out.st_dev, out.st_ino) != (st.st_dev, st.st_ino) or st.st_size < LOG_MAX_BYTES:
+            return
+        try:
+            os.replace(path, path + ".1")
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        except OSError:
+            return
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+
+
+def cmd_run(args, out) -> int:
+    """``heartbeat run``: the foreground heartbeat loop (what the daemon and the
+    boot hooks execute).  Ends with ``{"running": false, "stopped": true,
+    "beats": N}`` on SIGTERM, or ``{"running": true, "pid": N, "started":
+    false}`` at once when another daemon already runs."""
+    return Runner(out).run()
