@@ -1,0 +1,91 @@
+/*
+ * Fadenstack console: the little script every page loads (after htmx, deferred).
+ *
+ * 1. The live dot: the page header says whether the websocket that feeds the
+ *    live cards is open. htmx-ext-ws fires htmx:wsOpen / htmx:wsClose on the
+ *    element holding ws-connect; the events bubble to document.
+ * 2. Copy buttons: <button data-copy="#key"> copies the text of #key;
+ *    data-copy="some text" copies that text; an empty data-copy copies the
+ *    .copy__text (or pre, code) of the enclosing .copy block.
+ *    The console is often served over plain http on a LAN, where
+ *    navigator.clipboard does not exist; a hidden textarea is the fallback.
+ */
+(function () {
+  "use strict";
+
+  // 1. Live dot -------------------------------------------------------------
+
+  function setLive(on, label) {
+    document.querySelectorAll("[data-live-dot]").forEach(function (dot) {
+      dot.classList.toggle("live-dot--on", on);
+      dot.classList.toggle("live-dot--off", !on);
+      dot.textContent = label;
+      dot.title = on
+        ? "Live: this page updates by itself."
+        : "Not connected: the page does not update by itself until it reconnects. Reload to see the latest.";
+    });
+  }
+
+  document.addEventListener("htmx:wsConnecting", function () { setLive(false, "Connecting…"); });
+  document.addEventListener("htmx:wsOpen", function () { setLive(true, "Live"); });
+  document.addEventListener("htmx:wsClose", function () { setLive(false, "Reconnecting…"); });
+  document.addEventListener("htmx:wsError", function () { setLive(false, "Reconnecting…"); });
+
+  // 2. Copy buttons ---------------------------------------------------------
+
+  function textToCopy(button) {
+    var source = button.getAttribute("data-copy");
+    if (source && source.charAt(0) === "#") {
+      var target = document.querySelector(source);
+      if (!target) return "";
+      return /^(INPUT|TEXTAREA)$/.test(target.tagName) ? target.value : target.textContent;
+    }
+    if (source) return source;
+    var block = button.closest(".copy");
+    var text = block && block.querySelector(".copy__text, pre, code");
+    return text ? text.textContent : "";
+  }
+
+  function copyWithTextarea(text) {
+    var area = document.createElement("textarea");
+    area.value = text;
+    area.setAttribute("readonly", "");
+    area.style.position = "fixed";
+    area.style.opacity = "0";
+    document.body.appendChild(area);
+    area.select();
+    var ok = false;
+    try { ok = document.execCommand("copy"); } catch (e) { ok = false; }
+    document.body.removeChild(area);
+    return ok ? Promise.resolve() : Promise.reject(new Error("copy refused"));
+  }
+
+  function copy(text) {
+    if (navigator.clipboard && window.isSecureContext) {
+      return navigator.clipboard.writeText(text).catch(function () { return copyWithTextarea(text); });
+    }
+    return copyWithTextarea(text);
+  }
+
+  function flash(button, label, className) {
+    if (!button.dataset.copyLabel) button.dataset.copyLabel = button.textContent;
+    button.textContent = label;
+    button.classList.add(className);
+    clearTimeout(button._copyTimer);
+    button._copyTimer = setTimeout(function () {
+      button.textContent = button.dataset.copyLabel;
+      button.classList.remove(className);
+    }, 1600);
+  }
+
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest("[data-copy]");
+    if (!button) return;
+    event.preventDefault();
+    var text = textToCopy(button).trim();
+    copy(text).then(
+      function () { flash(button, "Copied", "is-copied"); },
+      function () { flash(button, "Select and copy", "is-copy-failed"); }
+    );
+  });
+})();
