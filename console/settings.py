@@ -178,7 +178,6 @@ SPECTACULAR_SETTINGS = {
 FADEN_SSH_KEY_PATH = Path(os.environ.get("FADEN_SSH_KEY", DATA_DIR / "ssh" / "id_ed25519"))
 FADEN_SSH_CONNECT_TIMEOUT = env_int("FADEN_SSH_CONNECT_TIMEOUT", 10)
 FADEN_SSH_COMMAND_TIMEOUT = env_int("FADEN_SSH_COMMAND_TIMEOUT", 120)
-FADEN_SSH_CONCURRENCY = env_int("FADEN_SSH_CONCURRENCY", 32)
 
 # Heartbeats: how machines reach the console, how often they beat, when they count as offline.
 FADEN_CONSOLE_URL = os.environ.get("FADEN_CONSOLE_URL", "")

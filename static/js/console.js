@@ -89,3 +89,33 @@
     );
   });
 })();
+
+// Relative times: <time class="ago" datetime="ISO"> reads "12 s ago" and keeps ticking, so the
+// server need not push anything for a heartbeat that only moves "last seen" along.
+(function () {
+  "use strict";
+
+  function ago(seconds) {
+    if (seconds < 5) return "just now";
+    if (seconds < 60) return Math.floor(seconds) + " s ago";
+    if (seconds < 3600) return Math.floor(seconds / 60) + " min ago";
+    if (seconds < 86400) return Math.floor(seconds / 3600) + " h ago";
+    return Math.floor(seconds / 86400) + " d ago";
+  }
+
+  function tick() {
+    var now = Date.now();
+    document.querySelectorAll("time.ago[datetime]").forEach(function (el) {
+      var at = Date.parse(el.getAttribute("datetime"));
+      if (!isNaN(at)) {
+        el.textContent = ago(Math.max(0, (now - at) / 1000));
+        el.title = new Date(at).toLocaleString();
+      }
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", tick);
+  document.addEventListener("htmx:afterSettle", tick);
+  document.addEventListener("htmx:wsAfterMessage", tick);
+  setInterval(tick, 5000);
+})();
