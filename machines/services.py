@@ -286,7 +286,10 @@ def machine_heartbeat(*, token: str, payload: dict) -> Machine | None:
             away = f" after {timesince(was_seen, now)} without a heartbeat" if was_seen else ""
             machine_transition(machine=machine, to=MachineState.HEALTHY)
             machine_event(machine=machine, kind=EventKind.RECONNECTED, message=f"Reconnected{away}.")
-        # Otherwise nothing to push: pages show "last seen" relative to a timestamp and tick by themselves.
+        elif was_seen is None or int(was_seen.timestamp()) // 30 != int(now.timestamp()) // 30:
+            # Pages tick "last seen" by themselves; a fresh timestamp every 30 s keeps them honest
+            # without a push per heartbeat.
+            machine_changed(machine)
     return machine
 
 
