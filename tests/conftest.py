@@ -1,0 +1,110 @@
+"""Fixtures shared by the unit, API and live tests.
+
+Nothing here is autouse and nothing touches the database unless a test asks
+for it: tests/agent and tests/lab run without Django's database.
+"""
+import uuid
+
+import pytest
+
+
+@pytest.fixture
+def admin_user(db):
+    """A superuser: the administrator who drives the console."""
+    from tests.factories import UserFactory
+
+    return UserFactory(username="admin")
+
+
+@pytest.fixture
+def admin_client(client, admin_user):
+    """A Django test client signed in as the administrator."""
+    client.force_login(admin_user)
+    return client
+
+
+@pytest.fixture
+def api_token(admin_user):
+    from rest_framework.authtoken.models import Token
+
+    return Token.objects.create(user=admin_user)
+
+
+@pytest.fixture
+def api_client(api_token):
+    """A DRF client that sends ``Authorization: Token ...`` like automation does (no session)."""
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {api_token.key}")
+    return client
+
+
+@pytest.fixture
+def anonymous_api_client():
+    from rest_framework.test import APIClient
+
+    return APIClient()
+
+
+@pytest.fixture
+def no_ssh(monkeypatch):
+    """Fail the test if anything tries to reach a machine over SSH."""
+    from machines import remote
+
+    def refuse(*args, **kwargs):
+        pytest.fail(f"SSH was reached with {args} {kwargs}; bad input must be refused before that")
+
+    monkeypatch.setattr(remote, "scan_host_key", refuse)
+    monkeypatch.setattr(remote, "connect", refuse)
+
+
+@pytest.fixture
+def offered_fingerprint():
+    from tests.factories import fingerprint_for
+
+    return fingerprint_for("the key the machine offers")
+
+
+@pytest.fixture
+def machine_offers(monkeypatch, offered_fingerprint):
+    """The machine at any address answers as an SSH server offering ``offered_fingerprint``.
+
+    Returns the list of (address, port) the console scanned.
+    """
+    from machines import remote
+
+    scanned = []
+
+    def scan(address, port):
+        scanned.append((address, port))
+        return offered_fingerprint
+
+    monkeypatch.setattr(remote, "scan_host_key", scan)
+    return scanned
+
+
+@pytest.fixture
+def enrol_calls(monkeypatch):
+    """Record enrolment tasks instead of running them (they would SSH to the machine)."""
+    from machines import tasks
+
+    calls = []
+    monkeypatch.setattr(tasks.machine_enrol, "delay", lambda job_id: calls.append(job_id))
+    return calls
+
+
+@pytest.fixture
+def isolated_channel_layer(settings):
+    """The real Redis channel layer of the settings, under a prefix of this test's own.
+
+    Other runs may share the Redis; a prefix keeps their pushes out of our counts.
+    """
+    from channels.layers import channel_layers
+
+    layers = {name: {**config, "CONFIG": {**config.get("CONFIG", {})}} for name, config in settings.CHANNEL_LAYERS.items()}
+    layers["default"]["CONFIG"]["prefix"] = f"test-{uuid.uuid4().hex[:12]}"
+    settings.CHANNEL_LAYERS = layers
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
