@@ -147,6 +147,8 @@ def _job_end(ctx: JobContext, state: str, step_state: str, *, error: str = "", e
     )
     if updated:
         ctx._on_change(job)
+    else:
+        job.refresh_from_db()  # someone else (the reaper) ended it first: report what the database says
 
 
 def jobs_reap(*, stale_after: timedelta = timedelta(minutes=5)) -> int:

@@ -71,7 +71,8 @@ class Machine(models.Model):
 def short_model(model: str) -> str:
     """The model as people say it: ``NVIDIA H100 80GB HBM3`` -> ``H100 80GB``, ``NVIDIA A100-SXM4-40GB`` -> ``A100 40GB``."""
     text = re.sub(r"-(SXM\d*|PCIE)-", " ", model, flags=re.IGNORECASE)
-    words = [w for w in text.split() if w.upper() not in {"NVIDIA", "AMD"} and not re.match(r"^(HBM|GDDR)", w, re.I)]
+    noise = {"NVIDIA", "AMD", "OAM", "SXM", "PCIE"}  # vendor and form factor: the same chip either way
+    words = [w for w in text.split() if w.upper() not in noise and not re.match(r"^(HBM|GDDR)", w, re.I)]
     return " ".join(words) or model
 
 

@@ -6,6 +6,7 @@ writes a machine's state.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 import secrets
 from datetime import timedelta
@@ -190,6 +191,11 @@ def machine_refresh(*, machine: Machine, user=None) -> Job:
 
 def machine_delete(*, machine: Machine) -> None:
     """Forget the machine. Its heartbeats are refused from now on; the agent stays on it until re-used."""
+    membership = getattr(machine, "membership", None)
+    if membership is not None:
+        raise ValidationError(
+            f"{machine.name} is in the cluster {membership.cluster.name}: take it out of that cluster first."
+        )
     with transaction.atomic():
         Job.objects.filter(target_type="machine", target_id=machine.pk, state__in=["queued", "running"]).update(
             cancel_requested=True
@@ -246,7 +252,7 @@ def machine_facts_apply(*, machine: Machine, facts: dict) -> None:
 def _interface_row(machine: Machine, iface: dict) -> NetworkInterface:
     addresses = [str(a) for a in iface.get("addresses") or []]
     kind = iface.get("kind") if iface.get("kind") in InterfaceKind.values else InterfaceKind.PHYSICAL
-    reaches_console = any(a.split("/")[0] == machine.address for a in addresses)
+    reaches_console = any(_same_address(a.split("/")[0], machine.address) for a in addresses)
     return NetworkInterface(
         machine=machine,
         name=str(iface["name"])[:32],
@@ -259,6 +265,13 @@ def _interface_row(machine: Machine, iface: dict) -> NetworkInterface:
         default_route=bool(iface.get("default_route")),
         management=bool(iface.get("default_route")) or reaches_console,
     )
+
+
+def _same_address(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return a == b
 
 
 def machine_heartbeat(*, token: str, payload: dict) -> Machine | None:

@@ -2,7 +2,7 @@
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.db.models import Count, Prefetch
+from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -19,7 +19,8 @@ PAGE_SIZE = 50
 
 
 def machine_list_queryset():
-    return Machine.objects.prefetch_related(Prefetch("accelerators", queryset=Accelerator.objects.only("machine_id", "model")))
+    """Machines with what every list shows, in a fixed number of queries whatever their number."""
+    return Machine.objects.select_related("membership__cluster").prefetch_related("accelerators")
 
 
 def machine_summary() -> dict:
@@ -71,7 +72,9 @@ def machine_add(request):
                     **form.machine_fields(), host_key_fingerprint=form.cleaned_data["host_key_fingerprint"], user=request.user
                 )
             except ValidationError as exc:
-                form.add_error(None, exc)
+                # The confirm step shows no fields: every refusal is shown at the top.
+                for message in exc.messages:
+                    form.add_error(None, message)
             else:
                 messages.success(request, f"{machine.name} is being enrolled.")
                 url = machine.get_absolute_url()
@@ -145,7 +148,11 @@ def machine_trust_host_key(request, pk: int):
 def machine_delete(request, pk: int):
     machine = get_object_or_404(Machine, pk=pk)
     if request.method == "POST":
-        services.machine_delete(machine=machine)
+        try:
+            services.machine_delete(machine=machine)
+        except ValidationError as exc:
+            messages.error(request, " ".join(exc.messages))
+            return redirect(machine)
         messages.success(request, f"{machine.name} was deleted.")
         return redirect("machines:list")
     return render(request, "machines/machine_delete.html", {"machine": machine})

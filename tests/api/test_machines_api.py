@@ -98,11 +98,6 @@ def list_queries(api_client) -> int:
     return len(queries)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="machines/views.py machine_list_queryset prefetches accelerators with .only('machine_id', 'model'); "
-    "the API then reads memory_mib, index, vendor and uuid, one query per field per accelerator",
-)
 def test_listing_machines_costs_the_same_queries_for_ten_machines_as_for_two(api_client):
     def machine_with_accelerators():
         machine = MachineFactory()
@@ -167,11 +162,6 @@ def test_adding_a_machine_whose_name_is_taken_is_a_400_before_any_ssh(api_client
     assert Machine.objects.count() == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="machines/validators.py validate_address accepts an IPv6 scope id with shell metacharacters "
-    "(fe80::1%$(id)), so the console goes on to scan it over SSH",
-)
 def test_adding_a_machine_at_an_ipv6_address_with_a_hostile_scope_id_never_reaches_ssh(api_client, no_ssh):
     response = api_client.post("/api/machines/", {**GOOD, "address": "fe80::1%$(id)"}, format="json")
     assert response.status_code == 400
@@ -313,11 +303,6 @@ def test_deleting_a_machine_forgets_it(api_client):
     assert api_client.get(f"/api/machines/{machine.pk}/").status_code == 404
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="machines/services.py machine_delete calls machine.delete() on a cluster member; ClusterMember.machine "
-    "is PROTECT, so the API answers 500 instead of a 400 that says to remove it from its cluster first",
-)
 def test_deleting_a_machine_that_belongs_to_a_cluster_is_refused_with_a_message(api_client):
     from clusters.models import Cluster, ClusterMember
 

@@ -44,11 +44,6 @@ def test_the_dashboard_and_the_machine_list_show_the_machines(admin_client):
     assert 'id="machine-rows"' in listing
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="machines/views.py machine_list_queryset does not select_related('membership'); the list template's "
-    "machine.membership costs one query per row",
-)
 def test_the_machine_list_costs_the_same_queries_for_ten_machines_as_for_two(admin_client):
     def queries() -> int:
         with CaptureQueriesContext(connection) as captured:
@@ -153,11 +148,6 @@ def test_confirming_from_htmx_redirects_the_browser_with_a_header(
     assert response["HX-Redirect"] == Machine.objects.get(name="gpu-01").get_absolute_url()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="machines/views.py machine_add adds the service's error to the hidden host_key_fingerprint field, and the "
-    "confirm step of templates/machines/machine_add.html shows only non-field errors: the page silently asks again",
-)
 def test_confirming_when_the_machine_now_offers_another_key_says_so_and_adds_nothing(admin_client, machine_offers, enrol_calls):
     from tests.factories import fingerprint_for
 
@@ -203,11 +193,6 @@ def test_an_interface_that_is_down_is_flagged(admin_client):
     assert '<span class="tag tag--warn">down</span>' in page
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='templates/machines/machine_detail.html compares the interface state with "UP"/"UNKNOWN", but the agent '
-    'reports it in lower case ("up"), so every working interface is flagged as a warning',
-)
 def test_an_interface_that_is_up_as_the_agent_reports_it_is_not_flagged(admin_client):
     machine = MachineFactory()
     NetworkInterfaceFactory(machine=machine, name="ens1f0", state="up")

@@ -230,11 +230,6 @@ def test_an_end_written_by_the_reaper_is_not_overwritten_by_the_worker_failing_l
     assert job.error_kind == "retryable"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="console/jobs.py _job_end updates ctx.job in memory before its guarded UPDATE, so job_run returns "
-    "SUCCEEDED for a job the database holds as FAILED by the reaper",
-)
 def test_job_run_returns_the_job_as_the_database_holds_it_when_the_reaper_ended_it_first(job, changes):
     def work(ctx):
         ctx.step("Connect")

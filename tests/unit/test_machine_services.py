@@ -238,11 +238,6 @@ def test_facts_apply_marks_the_interface_holding_an_ipv6_address_as_management()
     assert machine.interfaces.get().management
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="machines/services.py _interface_row compares addresses as strings: fd00:0::11 is fd00::11, "
-    "but the interface is not marked management",
-)
 def test_facts_apply_marks_the_consoles_address_as_management_however_it_was_written():
     machine = MachineFactory(address="FD00:0:0::11")
     facts = {"interfaces": [{"name": "eth1", "kind": "physical", "addresses": ["fd00::11/64"], "default_route": False}]}
@@ -269,11 +264,6 @@ def test_accelerator_summary_says_the_model_as_people_say_it(count, model, summa
     assert machine.accelerator_summary() == summary
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="machines/models.py short_model drops NVIDIA's form factor (SXM4, PCIE) but keeps AMD's: current "
-    'rocm-smi reports "AMD Instinct MI300X OAM" (see tests/agent fixtures), summarised as "8 x Instinct MI300X OAM"',
-)
 def test_accelerator_summary_drops_the_form_factor_of_an_amd_card_as_rocm_smi_reports_it():
     machine = MachineFactory()
     AcceleratorFactory.create_batch(8, machine=machine, vendor="amd", model="AMD Instinct MI300X OAM")

@@ -1,0 +1,139 @@
+"""Enrolment against the lab's machines: real SSH, the real agent, real heartbeats over HTTP."""
+import time
+
+import pytest
+from django.utils import timezone
+
+from console.models import Job
+from machines import services
+from machines.choices import EventKind, MachineState
+from machines.models import Machine
+from tests.integration.conftest import lab_fault
+
+pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
+
+
+def enrol(lab_machine, name: str) -> Machine:
+    spec = lab_machine(name)
+    machine = services.machine_create(
+        name=name,
+        address=spec["address"],
+        ssh_port=spec["ssh_port"],
+        ssh_user=spec["ssh_user"],
+        host_key_fingerprint=spec["host_key_fingerprint"],
+    )
+    machine.refresh_from_db()
+    return machine
+
+
+def wait_for(predicate, *, timeout: float, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(interval)
+    return predicate()
+
+
+def last_job(machine: Machine) -> Job:
+    return Job.objects.filter(target_type="machine", target_id=machine.pk).first()
+
+
+@pytest.mark.parametrize(
+    ("name", "arch", "count", "model", "memory_mib"),
+    [
+        ("lab-a", "x86_64", 8, "NVIDIA H100 80GB HBM3", 81559),
+        ("lab-c", "x86_64", 4, "NVIDIA A100-SXM4-40GB", 40960),
+        ("lab-d", "aarch64", 4, "NVIDIA GH200 96GB", None),
+        ("lab-e", "x86_64", 8, "AMD Instinct MI300X", None),
+    ],
+)
+def test_enrolment_over_ssh_reads_the_facts_the_lab_spec_gives(lab_machine, console_url, name, arch, count, model, memory_mib):
+    machine = enrol(lab_machine, name)
+
+    job = last_job(machine)
+    assert job.state == "succeeded", job.error
+    assert machine.state == MachineState.HEALTHY
+    assert machine.arch == arch
+    assert machine.hostname == name
+    accelerators = list(machine.accelerators.all())
+    assert len(accelerators) == count
+    assert {a.model for a in accelerators} == {model}
+    if memory_mib:
+        assert {a.memory_mib for a in accelerators} == {memory_mib}
+    assert machine.agent_version
+    assert machine.container_runtime == "process"
+    mgmt = machine.interfaces.get(name="eth0")
+    assert mgmt.management and mgmt.default_route
+    assert machine.address + "/24" in mgmt.addresses
+
+
+def test_interfaces_carry_their_marks(lab_machine, console_url):
+    machine = enrol(lab_machine, "lab-a")
+
+    interfaces = {i.name: i for i in machine.interfaces.all()}
+    assert {"eth0", "eth1", "eth2", "wg0"} <= set(interfaces)
+    assert interfaces["wg0"].kind == "vpn"
+    assert not interfaces["eth1"].management
+    assert "198.18.1.11/24" in interfaces["eth1"].addresses
+
+
+def test_the_agent_sends_heartbeats_to_the_console(lab_machine, console_url):
+    machine = enrol(lab_machine, "lab-b")
+    enrolled_at = timezone.now()
+
+    beat = wait_for(lambda: Machine.objects.filter(pk=machine.pk, last_seen__gt=enrolled_at).exists(), timeout=25)
+
+    assert beat, "no heartbeat reached the console within 25 s"
+
+
+def test_enrolling_twice_installs_nothing_new(lab_machine, console_url):
+    machine = enrol(lab_machine, "lab-c")
+
+    services.machine_refresh(machine=machine)
+
+    job = last_job(machine)
+    assert job.state == "succeeded", job.error
+    install = next(s for s in job.steps if s["name"] == "Install the agent")
+    assert "already there" in install["detail"]
+
+
+def test_a_swapped_host_key_is_refused_until_an_administrator_accepts_it(lab_machine, console_url):
+    machine = enrol(lab_machine, "lab-c")
+    pinned = machine.host_key_fingerprint
+
+    lab_fault("lab-c", "swap-host-key")
+    services.machine_refresh(machine=machine)
+
+    machine.refresh_from_db()
+    offered = lab_machine("lab-c")["host_key_fingerprint"]
+    assert offered != pinned
+    assert machine.state == MachineState.FAILED
+    assert pinned in machine.state_reason and offered in machine.state_reason
+    assert machine.offered_host_key_fingerprint == offered
+    assert last_job(machine).state == "failed"
+
+    services.machine_trust_host_key(machine=machine, fingerprint=offered)
+
+    machine.refresh_from_db()
+    assert machine.state == MachineState.HEALTHY
+    assert machine.host_key_fingerprint == offered
+
+
+def test_a_machine_powered_off_goes_offline_and_comes_back(lab_machine, console_url):
+    machine = enrol(lab_machine, "lab-d")
+    assert wait_for(lambda: Machine.objects.get(pk=machine.pk).last_seen, timeout=15)
+
+    lab_fault("lab-d", "power-off")
+    offline = wait_for(lambda: machine.pk in services.machines_mark_offline(), timeout=60, interval=2)
+
+    assert offline, "the machine was not marked Offline within 60 s of losing power"
+    machine.refresh_from_db()
+    assert machine.state == MachineState.OFFLINE
+    assert "No heartbeat" in machine.state_reason
+
+    lab_fault("lab-d", "power-on")
+    back = wait_for(lambda: Machine.objects.get(pk=machine.pk).state == MachineState.HEALTHY, timeout=30)
+
+    assert back, "the machine did not come back Healthy within 30 s of power-on"
+    assert machine.events.filter(kind=EventKind.RECONNECTED).exists()
