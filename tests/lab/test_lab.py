@@ -7,8 +7,6 @@ take it down at the end, checking that nothing is left behind.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
 import re
@@ -16,44 +14,17 @@ import shutil
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import pytest
 
+from lab import cli as lab_cli
+from lab import machine as lab_machine
+from lab import spec as lab_spec
+from lab import util as lab_util
+
 REPO = Path(__file__).resolve().parents[2]
 LAB_STUBS = REPO / "lab" / "stubs"
-
-
-def _lab_package() -> str:
-    """The name the real `lab` package is importable under.
-
-    With no tests/__init__.py, pytest imports this file as `lab.test_lab`, so
-    `lab` may be this test package: then load the real one under an alias.
-    """
-    real_init = REPO / "lab" / "__init__.py"
-    current = sys.modules.get("lab")
-    if current is not None and Path(current.__file__ or "").resolve() == real_init:
-        return "lab"
-    alias = "fadenstack_lab"
-    if alias not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            alias, real_init, submodule_search_locations=[str(real_init.parent)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[alias] = module
-        spec.loader.exec_module(module)
-    return alias
-
-
-_PACKAGE = _lab_package()
-lab_spec = importlib.import_module(f"{_PACKAGE}.spec")
-lab_cli = importlib.import_module(f"{_PACKAGE}.cli")
-lab_machine = importlib.import_module(f"{_PACKAGE}.machine")
-lab_util = importlib.import_module(f"{_PACKAGE}.util")
-
-# Until the project's pytest configuration registers the `lab` marker.
-warnings.filterwarnings("ignore", category=pytest.PytestUnknownMarkWarning)
-
 FINGERPRINT = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
 
 
@@ -402,6 +373,16 @@ class TestRunningLab:
     def test_up_again_says_it_is_already_up(self, lab):
         result = lab.run("up", "--authorized-key", f"{lab.key}.pub")
         assert "already up" in result.stdout
+
+    def test_another_state_dir_can_neither_put_up_nor_take_down_this_lab(self, lab, tmp_path):
+        other = {**lab.env, "FADEN_LAB_DIR": str(tmp_path / "other")}
+        for command, code in ((["up"], 1), (["down"], 0)):
+            result = subprocess.run([sys.executable, "-m", "lab", *command], cwd=REPO, env=other,
+                                    capture_output=True, text=True, timeout=60)
+            assert result.returncode == code
+            assert str(lab.state_dir) in result.stdout + result.stderr
+        assert all(m["powered"] for m in lab.status()["machines"])
+        assert lab.ssh("198.18.0.11", "hostname").stdout.strip() == "lab-a"
 
     def test_ssh_into_lab_a_shows_its_hostname_gpus_and_arch(self, lab):
         result = lab.ssh("198.18.0.11", "hostname; nvidia-smi --query-gpu=name,memory.total "

@@ -1,0 +1,127 @@
+"""`faden lab ...`: up, down, status, fault. Entry point: ``main(argv)``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import core, faults
+from .state import LabState, state_dir_from_env
+from .util import LabError
+
+DESCRIPTION = """\
+Virtual GPU machines on this host (network namespaces running sshd).
+State dir: $FADEN_LAB_DIR (default /var/tmp/fadenstack-lab).
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line and exit 2, like every other refusal
+        print(f"faden lab: {message} (see `faden lab --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="faden lab", description=DESCRIPTION,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    up = commands.add_parser("up", help="build the lab from a spec")
+    up.add_argument("--spec", help="spec file (TOML); default: lab/specs/default.toml")
+    up.add_argument("--authorized-key", metavar="PUBKEY_FILE",
+                    help="public key allowed to log in as root "
+                         "(or $FADEN_LAB_AUTHORIZED_KEY; none: the lab makes one)")
+    down = commands.add_parser("down", help="remove everything the lab made")
+    down.add_argument("--all", action="store_true", dest="everything",
+                      help="take down whatever lab this host holds, from any state dir, "
+                           "and leftovers of interrupted runs")
+    status = commands.add_parser("status", help="machines, addresses, host keys, faults")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    fault = commands.add_parser(
+        "fault", help="inject a fault into a machine",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="kinds:\n" + faults.kinds_help())
+    fault.add_argument("machine")
+    fault.add_argument("kind")
+    fault.add_argument("args", nargs="*", metavar="ARG")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        options = build_parser().parse_args(argv)
+    except SystemExit as exit:
+        return int(exit.code or 0)
+    state = LabState(state_dir_from_env())
+    try:
+        if options.command == "up":
+            print(core.up(state, options.spec, options.authorized_key))
+        elif options.command == "down":
+            print(core.down(state, everything=options.everything))
+        elif options.command == "status":
+            result = core.status(state)
+            print(json.dumps(result, indent=2) if options.json else format_status(result))
+        elif options.command == "fault":
+            print(faults.apply_fault(state, options.machine, options.kind, options.args))
+    except LabError as error:
+        print(f"faden lab {options.command}: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print(f"faden lab {options.command}: interrupted", file=sys.stderr)
+        return 130
+    except OSError as error:
+        print(f"faden lab {options.command}: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:  # a bug: still one line, the traceback on request
+        if os.environ.get("FADEN_LAB_DEBUG"):
+            raise
+        print(f"faden lab {options.command}: internal error: {type(error).__name__}: {error} "
+              "(FADEN_LAB_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def format_status(result: dict) -> str:
+    if not result["up"]:
+        if result.get("stale"):
+            return ("lab is not up, but a state is left behind "
+                    f"({result.get('state')}): run `faden lab down`")
+        return "lab is not up"
+    lines = [f"lab is up: console address {result['console_address']}, "
+             f"state {result['state_dir']}"]
+    if result.get("private_key"):
+        lines.append(f"ssh key: {result['private_key']} (made by the lab)")
+    lines.append("")
+    rows = [("MACHINE", "ADDRESS", "POWER", "SSHD", "ARCH", "ACCELERATORS", "NETWORKS",
+             "HOST KEY", "FAULTS")]
+    for machine in result["machines"]:
+        spec = machine["spec"]
+        accelerators = ", ".join(f"{a['count']} x {a['model']}" for a in spec["accelerators"])
+        machine_faults = machine["faults"]
+        notes = [f"{n} down" for n in machine_faults["links_down"]]
+        notes += [f"{n} {rate:g}mbit" for n, rate in machine_faults["link_rates"].items()]
+        notes += [f"port {port} taken" for port in machine_faults["ports_taken"]]
+        if machine_faults["disk_full"]:
+            notes.append("disk full")
+        rows.append((
+            machine["name"], machine["address"], "on" if machine["powered"] else "off",
+            "up" if machine["sshd_running"] else "down", spec["arch"], accelerators or "-",
+            ",".join(n["name"] for n in spec["networks"]),
+            machine["host_key_fingerprint"] or "-", "; ".join(notes) or "-",
+        ))
+    lines += _table(rows)
+    lines.append("")
+    rows = [("NETWORK", "SUBNET", "BRIDGE", "INTERFACE", "RATE")]
+    for network in result["networks"]:
+        rows.append((network["name"], network["subnet"], network["bridge"], network["interface"],
+                     f"{network['rate_mbit']:g} Mbit/s"))
+    lines += _table(rows)
+    return "\n".join(lines)
+
+
+def _table(rows) -> list[str]:
+    widths = [max(len(str(row[column])) for row in rows) for column in range(len(rows[0]))]
+    return ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
+            for row in rows]
