@@ -26,7 +26,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self.accept()
         # Subscribe first, then render: a change between page load and now is not lost.
         for topic in self.topics:
-            await self.send(text_data=await database_sync_to_async(live.render_topic)(topic))
+            for html in await database_sync_to_async(live.render_topic)(topic):
+                await self.send(text_data=html)
 
     async def disconnect(self, code):
         for topic in getattr(self, "topics", []):

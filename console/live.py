@@ -4,12 +4,16 @@ A topic names what a page shows live: ``machines`` (the list) or
 ``machine:12`` (one machine). Each app registers a renderer for its topics
 that returns the HTML of every live card of that topic, each with its id and
 ``hx-swap-oob``, so the same fragments serve the websocket's first render on
-connect and every push after a change. Pushes are hints; the database is the
+connect and every push after a change. A renderer returns a list of messages:
+table rows go in messages of their own, since an HTML parser drops a ``<tr>``
+that follows a ``<div>``. Pushes are hints; the database is the
 truth: a page that reloads shows the same thing.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import re
 from collections.abc import Callable
 
@@ -19,9 +23,9 @@ from django.db import connection, transaction
 
 log = logging.getLogger(__name__)
 
-# (topic argument, part) -> HTML of the topic's live cards; part "" means all of them,
-# another part (a row's id, say) lets a push send only what changed.
-Renderer = Callable[[str, str], str]
+# (topic argument, part) -> the websocket messages (HTML) of the topic's live cards; part ""
+# means all of them, another part (a row's id, say) lets a push send only what changed.
+Renderer = Callable[[str, str], list[str]]
 Checker = Callable[[object, str], bool]  # (user, topic argument) -> may this user see it
 
 _renderers: dict[str, tuple[Renderer, Checker]] = {}
@@ -44,7 +48,7 @@ def group_name(topic: str) -> str:
     return "live." + topic.replace(":", ".")
 
 
-def render_topic(topic: str, part: str = "") -> str:
+def render_topic(topic: str, part: str = "") -> list[str]:
     kind, arg = parse_topic(topic)
     return _renderers[kind][0](arg, part)
 
@@ -52,6 +56,19 @@ def render_topic(topic: str, part: str = "") -> str:
 def may_see(user, topic: str) -> bool:
     parsed = parse_topic(topic)
     return bool(parsed) and _renderers[parsed[0]][1](user, parsed[1])
+
+
+def _group_send(group: str, message: dict) -> None:
+    send = async_to_sync(get_channel_layer().group_send)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        send(group, message)
+        return
+    # Sync code running inside an event loop's thread cannot block on it: send from a helper thread.
+    sender = threading.Thread(target=send, args=(group, message))
+    sender.start()
+    sender.join()
 
 
 def push(topic: str, part: str = "") -> None:
@@ -66,9 +83,9 @@ def push(topic: str, part: str = "") -> None:
 
     def send() -> None:
         try:
-            html = render_topic(topic, part)
-            if html:
-                async_to_sync(get_channel_layer().group_send)(group_name(topic), {"type": "live.html", "html": html})
+            for html in render_topic(topic, part):
+                if html.strip():
+                    _group_send(group_name(topic), {"type": "live.html", "html": html})
         except Exception:  # noqa: BLE001 - a lost hint is recovered by the next render
             log.exception("could not push %s %s", topic, part)
 

@@ -161,8 +161,8 @@ def machine_delete(request, pk: int):
 # -- live cards ---------------------------------------------------------------------------
 
 
-def render_machines_topic(arg: str, part: str) -> str:
-    """The list's live parts: the summary and the rows (all of the first page, or the one that changed).
+def render_machines_topic(arg: str, part: str) -> list[str]:
+    """The list's live parts: the summary, then the rows (the first page, or the one that changed).
 
     A row whose machine is new is added at the end of the table; one that was deleted is removed.
     """
@@ -176,14 +176,17 @@ def render_machines_topic(arg: str, part: str) -> str:
         context["machines"] = machine_list_queryset().filter(pk=int(part))
     else:
         context["machines"] = machine_list_queryset()[:PAGE_SIZE]
-    return render_to_string("machines/machine_list.html#live", context)
+    return [
+        render_to_string("machines/machine_list.html#live-cards", context),
+        render_to_string("machines/machine_list.html#live-rows", context),
+    ]
 
 
-def render_machine_topic(arg: str, part: str) -> str:
+def render_machine_topic(arg: str, part: str) -> list[str]:
     machine = Machine.objects.filter(pk=int(arg)).first()
     if machine is None:
-        return ""
-    return render_to_string("machines/machine_detail.html#live", machine_cards(machine) | {"oob": True})
+        return []
+    return [render_to_string("machines/machine_detail.html#live", machine_cards(machine) | {"oob": True})]
 
 
 def machine_detail_url(machine: Machine) -> str:

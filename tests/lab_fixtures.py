@@ -1,4 +1,4 @@
-"""The lab, up for the whole integration package, with the console's key installed on its machines."""
+"""The lab as fixtures: up once per test package that imports them, with the console's key on its machines."""
 import json
 import os
 import shutil

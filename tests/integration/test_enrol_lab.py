@@ -8,7 +8,7 @@ from console.models import Job
 from machines import services
 from machines.choices import EventKind, MachineState
 from machines.models import Machine
-from tests.integration.conftest import lab_fault
+from tests.lab_fixtures import lab_fault
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 

@@ -1,0 +1,65 @@
+"""The machine pages in Chromium: they change while you watch, without a reload."""
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from machines import services
+from machines.choices import MachineState
+from tests.factories import MachineFactory
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def mark_page(page) -> None:
+    """Leave a mark in the page's JavaScript state: a reload would wipe it."""
+    page.evaluate("window.__notReloaded = true")
+
+
+def assert_not_reloaded(page) -> None:
+    assert page.evaluate("window.__notReloaded === true"), "the page was reloaded"
+
+
+def wait_until_live(page) -> None:
+    expect(page.locator(".live-dot--on")).to_be_visible()
+
+
+def test_a_state_change_shows_in_the_machine_list_without_a_reload(page):
+    machine = MachineFactory(name="gpu-01")
+    page.goto("/machines/")
+    wait_until_live(page)
+    mark_page(page)
+    row = page.locator(f"#machine-row-{machine.pk}")
+    expect(row.locator(".badge")).to_have_text("Healthy")
+
+    services.machine_transition(machine=machine, to=MachineState.OFFLINE, reason="No heartbeat for 31 s.")
+
+    expect(row.locator(".badge")).to_have_text("Offline")
+    expect(row).to_contain_text("No heartbeat for 31 s.")
+    expect(page.locator("#machine-summary")).to_contain_text("Need attention")
+    assert_not_reloaded(page)
+
+
+@pytest.mark.lab
+def test_adding_a_lab_machine_in_the_browser_shows_it_healthy_live(page, lab_machine):
+    spec = lab_machine("lab-a")
+    page.goto("/machines/add/")
+    page.fill("input[name=name]", "lab-a")
+    page.fill("input[name=address]", spec["address"])
+    page.click("button[type=submit]")
+
+    expect(page.locator(".fingerprint")).to_have_text(spec["host_key_fingerprint"])
+    page.click("text=Trust and enrol")
+
+    page.wait_for_url(re.compile(r"/machines/\d+/$"))
+    wait_until_live(page)
+    mark_page(page)
+    header = page.locator("#machine-header")
+    expect(header.locator(".badge")).to_have_text("Healthy", timeout=30000)
+    expect(header).to_contain_text("8 x H100 80GB")
+    expect(page.locator("#machine-job")).to_contain_text("Start the heartbeat")
+    expect(page.locator("#machine-interfaces")).to_contain_text("VPN-like")
+    assert_not_reloaded(page)
+
+    page.goto("/machines/")
+    expect(page.locator("#machine-rows")).to_contain_text("8 x H100 80GB")
