@@ -46,10 +46,10 @@ def test_adding_a_lab_machine_in_the_browser_shows_it_healthy_live(page, lab_mac
     page.goto("/machines/add/")
     page.fill("input[name=name]", "lab-a")
     page.fill("input[name=address]", spec["address"])
-    page.click("button[type=submit]")
+    page.click("#add-machine button[type=submit]")
 
     expect(page.locator(".fingerprint")).to_have_text(spec["host_key_fingerprint"])
-    page.click("text=Trust and enrol")
+    page.click("#add-machine >> text=Trust and enrol")
 
     page.wait_for_url(re.compile(r"/machines/\d+/$"))
     wait_until_live(page)
