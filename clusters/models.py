@@ -1,18 +1,50 @@
-"""Clusters and their members. Only the records for now; starting them comes with the wizard."""
+"""Clusters, the machines in them, the runtime images they run, and measured networks."""
 from django.db import models
+from django.urls import reverse
+
+from clusters.choices import CLUSTER_BADGE, MEMBER_BADGE, ClusterState, MemberState, Role
 
 
-class ClusterState(models.TextChoices):
-    STARTING = "starting", "Starting"  # images travel, Ray starts
-    RUNNING = "running", "Running"  # every member in Ray's node list
-    STOPPED = "stopped", "Stopped"
-    FAILED = "failed", "Failed"  # three restarts failed; retried every 15 minutes
+class RuntimeImage(models.Model):
+    """One build of the runtime (Ray and the engine together) for one platform, held by the server."""
+
+    name = models.CharField(max_length=100, help_text="NVIDIA x86_64 Runtime")
+    version = models.CharField(max_length=32, help_text="2.1.0: clusters ask for a major version (2.x)")
+    digest = models.CharField(max_length=71, unique=True, help_text="sha256 of the whole file, hex")
+    size_bytes = models.PositiveBigIntegerField()
+    chunk_size = models.PositiveIntegerField(default=8 * 1024 * 1024)
+    chunk_hashes = models.JSONField(default=list, help_text="sha256 of each chunk, in order: resumes check them")
+    arch = models.CharField(max_length=32, help_text="CPU architecture: x86_64, aarch64")
+    accelerator_vendor = models.CharField(max_length=16, help_text="nvidia, amd")
+    certified = models.BooleanField(default=True)
+    path = models.CharField(max_length=500, help_text="The file on the server")
+    imported_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["arch", "accelerator_vendor", "-version"]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.version}"
+
+    @property
+    def major(self) -> str:
+        return self.version.split(".")[0]
+
+    @property
+    def platform(self) -> str:
+        return f"{self.accelerator_vendor}/{self.arch}"
 
 
 class Cluster(models.Model):
     name = models.CharField(max_length=63, unique=True)
     state = models.CharField(max_length=16, choices=ClusterState.choices, default=ClusterState.STARTING)
+    state_reason = models.TextField(blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
     network = models.CharField(max_length=64, blank=True, help_text="The cluster's network, as a CIDR subnet")
+    runtime_version = models.CharField(max_length=16, default="2", help_text="The runtime's major version")
+    ray_port = models.PositiveIntegerField(default=6379)
+    start_attempts = models.PositiveIntegerField(default=0)
+    next_retry_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -21,15 +53,60 @@ class Cluster(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def get_absolute_url(self) -> str:
+        return reverse("clusters:detail", args=[self.pk])
+
+    @property
+    def badge(self) -> str:
+        return CLUSTER_BADGE[self.state]
+
+    @property
+    def head(self):
+        member = next((m for m in self.members.all() if m.role == Role.HEAD), None)
+        return member.machine if member else None
+
 
 class ClusterMember(models.Model):
-    class Role(models.TextChoices):
-        HEAD = "head", "Head"
-        WORKER = "worker", "Worker"
-
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="members")
     machine = models.OneToOneField("machines.Machine", on_delete=models.PROTECT, related_name="membership")
     role = models.CharField(max_length=8, choices=Role.choices, default=Role.WORKER)
+    address = models.CharField(max_length=64, blank=True, help_text="Its address on the cluster's network")
+    state = models.CharField(max_length=16, choices=MemberState.choices, default=MemberState.PENDING)
+    state_reason = models.TextField(blank=True)
+    runtime_image = models.ForeignKey(RuntimeImage, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    image_source = models.CharField(max_length=200, blank=True, help_text="the server, or a machine and its address")
+    image_bytes_done = models.PositiveBigIntegerField(default=0)
+    image_bytes_total = models.PositiveBigIntegerField(default=0)
+    image_rate = models.FloatField(default=0, help_text="bytes per second, lately")
+    ray_node_id = models.CharField(max_length=64, blank=True)
+    accelerators_in_ray = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["cluster", "-role", "machine__name"]
 
     def __str__(self) -> str:
         return f"{self.machine} in {self.cluster} ({self.role})"
+
+    @property
+    def badge(self) -> str:
+        return MEMBER_BADGE[self.state]
+
+    @property
+    def image_percent(self) -> int:
+        return int(100 * self.image_bytes_done / self.image_bytes_total) if self.image_bytes_total else 0
+
+
+class NetworkMeasurement(models.Model):
+    """A bandwidth test between two machines on one subnet: what the wizard suggests from."""
+
+    subnet = models.CharField(max_length=64)
+    source = models.ForeignKey("machines.Machine", on_delete=models.CASCADE, related_name="+")
+    target = models.ForeignKey("machines.Machine", on_delete=models.CASCADE, related_name="+")
+    mbps = models.FloatField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    measured_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["subnet", "source", "target"], name="measurement_unique")
+        ]
