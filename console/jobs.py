@@ -38,11 +38,12 @@ class JobCancelled(Exception):
 
 
 def job_create(
-    *, kind: str, title: str, target_type: str, target_id: int, steps: Sequence[str], user=None
+    *, kind: str, title: str, target_type: str, target_id: int, steps: Sequence[str], user=None, params: dict | None = None
 ) -> Job:
     """Write a queued job with its steps named up front, so the page can show them all."""
     return Job.objects.create(
         kind=kind,
+        params=params or {},
         title=title,
         target_type=target_type,
         target_id=target_id,

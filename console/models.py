@@ -10,6 +10,7 @@ class Job(models.Model):
     target_type = models.CharField(max_length=32, help_text="The kind of object the job acts on")
     target_id = models.BigIntegerField()
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED)
+    params = models.JSONField(default=dict, blank=True, help_text="What the task needs beyond its target")
     steps = models.JSONField(default=list, blank=True, help_text="[{name, state, detail}] in order")
     error = models.TextField(blank=True)
     error_kind = models.CharField(max_length=32, blank=True)

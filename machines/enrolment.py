@@ -22,9 +22,13 @@ HEARTBEAT_PATH = "/agent/heartbeat/"
 
 
 def heartbeat_url(conn: Connection) -> str:
-    """The console's heartbeat URL as the machine sees it: the setting, or the address its SSH session came from."""
+    return console_url(conn) + HEARTBEAT_PATH
+
+
+def console_url(conn: Connection) -> str:
+    """The console's URL as the machine sees it: the setting, or the address its SSH session came from."""
     if settings.FADEN_CONSOLE_URL:
-        return settings.FADEN_CONSOLE_URL.rstrip("/") + HEARTBEAT_PATH
+        return settings.FADEN_CONSOLE_URL.rstrip("/")
     fields = remote.run(conn, ["printenv", "SSH_CONNECTION"]).stdout.split()
     try:
         seen_as = ipaddress.ip_address(fields[0])
@@ -33,7 +37,7 @@ def heartbeat_url(conn: Connection) -> str:
             "Could not tell the console's address as the machine sees it; set FADEN_CONSOLE_URL.", kind="not_retryable"
         ) from exc
     host = f"[{seen_as}]" if seen_as.version == 6 else str(seen_as)
-    return f"http://{host}:{settings.FADEN_WEB_PORT}{HEARTBEAT_PATH}"
+    return f"http://{host}:{settings.FADEN_WEB_PORT}"
 
 
 def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:

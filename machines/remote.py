@@ -200,11 +200,14 @@ def run_agent(
     stdin: bytes | None = None,
     timeout: float | None = None,
     on_event: Callable[[dict], None] | None = None,
+    abort: Callable[[], str | None] | None = None,
 ) -> dict:
     """Run an agent command and return its result event; raise its error event as a RemoteError.
 
     The agent prints one JSON object per line; progress and log events go to
-    ``on_event`` as they arrive.
+    ``on_event`` as they arrive. ``abort`` is asked every second or so; a
+    reason it returns ends the command as unreachable (a machine that went
+    offline mid-way, say) instead of waiting for the timeout.
     """
     outcome: dict = {}
 
@@ -219,7 +222,7 @@ def run_agent(
         elif on_event:
             on_event(event)
 
-    result = _exec(conn, argv, stdin=stdin, timeout=timeout, on_line=on_line)
+    result = _exec(conn, argv, stdin=stdin, timeout=timeout, on_line=on_line, abort=abort)
     if outcome.get("event") == "result":
         return outcome
     if outcome.get("event") == "error":
@@ -228,7 +231,9 @@ def run_agent(
     raise RemoteError(f"The agent stopped with exit status {result.exit_status}: {words}")
 
 
-def _exec(conn: Connection, argv: Sequence[str], *, stdin: bytes | None, timeout: float | None, on_line) -> CommandResult:
+def _exec(
+    conn: Connection, argv: Sequence[str], *, stdin: bytes | None, timeout: float | None, on_line, abort=None
+) -> CommandResult:
     timeout = timeout or settings.FADEN_SSH_COMMAND_TIMEOUT
     command = shlex.join(argv)
     transport = conn.client.get_transport()
@@ -252,6 +257,9 @@ def _exec(conn: Connection, argv: Sequence[str], *, stdin: bytes | None, timeout
         try:
             chunk = channel.recv(65536)
         except socket.timeout:
+            if abort and (reason := abort()):
+                channel.close()
+                raise RemoteError(reason, kind="unreachable") from None
             continue
         if not chunk:  # stdout closed: the command is ending
             break

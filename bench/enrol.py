@@ -1,0 +1,118 @@
+#!/usr/bin/env python
+"""Enrol every machine of a lab spec at once, through a real Celery worker, and time it.
+
+    sudo .venv/bin/python bench/enrol.py                          # the default lab (5 machines)
+    sudo .venv/bin/python bench/enrol.py --spec lab/specs/twenty.toml
+
+It brings the lab up (unless --keep-lab finds one up), enrols one machine
+alone for the baseline, deletes it, then enrols all of them at once, and
+prints each machine's enrolment time and the totals. Uses its own SQLite
+database and Redis database 15, so a running console is not disturbed.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def lab(*args: str) -> str:
+    result = subprocess.run([sys.executable, "-m", "lab", *args], cwd=ROOT, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"faden lab {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spec", default=str(ROOT / "lab/specs/default.toml"))
+    parser.add_argument("--keep-lab", action="store_true", help="use the lab that is up and leave it up")
+    args = parser.parse_args()
+
+    data_dir = tempfile.mkdtemp(prefix="fadenstack-bench-")
+    os.environ.update(
+        FADEN_DATA_DIR=data_dir,
+        DATABASE_URL=f"sqlite:///{data_dir}/bench.sqlite3",
+        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"),
+        FADEN_CONSOLE_URL="http://198.18.0.1:9",  # heartbeats go nowhere: this measures enrolment
+        DJANGO_SETTINGS_MODULE="console.settings",
+        FADEN_LOG_LEVEL="WARNING",
+    )
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from console.models import Job
+    from machines import services
+    from machines.models import Machine
+    from machines.remote import console_key_path, console_public_key
+
+    call_command("migrate", verbosity=0)
+    console_public_key()
+    if not args.keep_lab:
+        lab("down")
+        lab("up", "--spec", args.spec, "--authorized-key", str(console_key_path().with_suffix(".pub")))
+    machines = json.loads(lab("status", "--json"))["machines"]
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "console", "worker", "-c", str(len(machines)), "-l", "WARNING", "-P", "threads"],
+        cwd=ROOT,
+    )
+    try:
+        from console.celery import app
+
+        while not app.control.ping(timeout=0.5):  # the clock starts once the worker answers
+            if worker.poll() is not None:
+                sys.exit("the Celery worker did not start")
+
+        def enrol_all(specs) -> tuple[float, list[tuple[str, float, str]]]:
+            Machine.objects.all().delete()
+            started = time.monotonic()
+            for spec in specs:
+                services.machine_create(
+                    name=spec["name"], address=spec["address"], ssh_port=spec["ssh_port"],
+                    ssh_user=spec["ssh_user"], host_key_fingerprint=spec["host_key_fingerprint"],
+                )
+            while Machine.objects.filter(state="enrolling").exists():
+                if time.monotonic() - started > 600:
+                    sys.exit("enrolment did not finish within 10 minutes")
+                time.sleep(0.05)
+            wall = time.monotonic() - started
+            rows = []
+            for job in Job.objects.filter(kind="machine.enrol").order_by("title"):
+                machine = Machine.objects.get(pk=job.target_id)
+                rows.append((machine.name, (job.finished_at - job.started_at).total_seconds(), machine.state))
+            return wall, rows
+
+        one_wall, one_rows = enrol_all(machines[:1])
+        Job.objects.all().delete()
+        all_wall, all_rows = enrol_all(machines)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        if not args.keep_lab:
+            lab("down")
+
+    print(f"spec: {Path(args.spec).name}, {len(machines)} machines")
+    print(f"one machine alone: {one_wall:.2f} s wall ({one_rows[0][1]:.2f} s in its job)")
+    for name, seconds, state in all_rows:
+        print(f"  {name:<10} {seconds:6.2f} s  {state}")
+    times = [s for _, s, _ in all_rows]
+    print(
+        f"all {len(machines)} at once: {all_wall:.2f} s wall; per machine median {statistics.median(times):.2f} s, "
+        f"max {max(times):.2f} s; {all_wall / one_wall:.2f} x one machine"
+    )
+    failed = [name for name, _, state in all_rows if state != "healthy"]
+    if failed:
+        sys.exit(f"not healthy: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()
