@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -72,28 +74,43 @@ def main() -> None:
             if worker.poll() is not None:
                 sys.exit("the Celery worker did not start")
 
+        def busy_seconds() -> tuple[float, float]:
+            """CPU seconds used so far by the worker, and by the whole host (all its cores)."""
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+            host = (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+            times = psutil.Process(worker.pid).cpu_times()
+            return times.user + times.system, host
+
         def enrol_all(specs) -> tuple[float, list[tuple[str, float, str]]]:
             Machine.objects.all().delete()
+            nonlocal cpu
+            cpu_before = busy_seconds()
             started = time.monotonic()
             for spec in specs:
                 services.machine_create(
                     name=spec["name"], address=spec["address"], ssh_port=spec["ssh_port"],
                     ssh_user=spec["ssh_user"], host_key_fingerprint=spec["host_key_fingerprint"],
                 )
-            while Machine.objects.filter(state="enrolling").exists():
+            while Job.objects.filter(state__in=["queued", "running"]).exists() or Machine.objects.filter(state="enrolling").exists():
                 if time.monotonic() - started > 600:
                     sys.exit("enrolment did not finish within 10 minutes")
                 time.sleep(0.05)
             wall = time.monotonic() - started
+            cpu_after = busy_seconds()
+            cpu = (cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1])
             rows = []
             for job in Job.objects.filter(kind="machine.enrol").order_by("title"):
                 machine = Machine.objects.get(pk=job.target_id)
                 rows.append((machine.name, (job.finished_at - job.started_at).total_seconds(), machine.state))
             return wall, rows
 
+        cpu = (0.0, 0.0)
         one_wall, one_rows = enrol_all(machines[:1])
+        one_cpu = cpu
         Job.objects.all().delete()
         all_wall, all_rows = enrol_all(machines)
+        all_cpu = cpu
     finally:
         worker.terminate()
         worker.wait(timeout=30)
@@ -101,13 +118,20 @@ def main() -> None:
             lab("down")
 
     print(f"spec: {Path(args.spec).name}, {len(machines)} machines")
-    print(f"one machine alone: {one_wall:.2f} s wall ({one_rows[0][1]:.2f} s in its job)")
+    cores = os.cpu_count()
+    print(f"one machine alone: {one_wall:.2f} s wall ({one_rows[0][1]:.2f} s in its job); "
+          f"CPU: console worker {one_cpu[0]:.2f} s, whole host {one_cpu[1]:.2f} s")
     for name, seconds, state in all_rows:
         print(f"  {name:<10} {seconds:6.2f} s  {state}")
     times = [s for _, s, _ in all_rows]
     print(
         f"all {len(machines)} at once: {all_wall:.2f} s wall; per machine median {statistics.median(times):.2f} s, "
         f"max {max(times):.2f} s; {all_wall / one_wall:.2f} x one machine"
+    )
+    print(
+        f"CPU: console worker {all_cpu[0]:.2f} s, whole host {all_cpu[1]:.2f} s of {cores * all_wall:.2f} s available "
+        f"({cores} cores): the lab's machines share this host's cores, so their side of the work "
+        f"({all_cpu[1] - all_cpu[0]:.2f} s) runs {cores} at a time here, not all at once as on real machines"
     )
     failed = [name for name, _, state in all_rows if state != "healthy"]
     if failed:

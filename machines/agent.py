@@ -8,9 +8,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import json
 import zipfile
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from django.conf import settings
 from fabric import Connection
@@ -66,51 +67,77 @@ def agent_build() -> AgentBuild:
     return AgentBuild(version=version, path=path, sha256=digest)
 
 
-def agent_home(conn: Connection) -> PurePosixPath:
-    """Where the agent lives on the machine: /opt/fadenstack as root, ~/.fadenstack otherwise."""
-    uid = remote.run(conn, ["id", "-u"]).stdout.strip()
-    if uid == "0":
-        return PurePosixPath("/opt/fadenstack")
-    home = remote.run(conn, ["printenv", "HOME"]).stdout.strip()
-    if not home.startswith("/"):
-        raise remote.RemoteError("The SSH user has no home directory to install the agent in.", kind="not_retryable")
-    return PurePosixPath(home) / ".fadenstack"
+# One round trip before installing: which Python, where the agent goes, whether this build is
+# already there, and the address the console's SSH session comes from (for heartbeats).
+_PREFLIGHT = r"""
+import hashlib, json, os, sys
+filename = sys.argv[1]
+home = "/opt/fadenstack" if os.getuid() == 0 else os.path.join(os.path.expanduser("~"), ".fadenstack")
+directory = os.path.join(home, "agent")
+path = os.path.join(directory, filename)
+digest = None
+if os.path.exists(path):
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+else:
+    os.makedirs(directory, exist_ok=True)
+print(json.dumps({"python": os.path.realpath(sys.executable), "version": "%d.%d.%d" % sys.version_info[:3],
+                  "supported": sys.version_info >= (3, 9), "path": path, "sha256": digest,
+                  "ssh_connection": os.environ.get("SSH_CONNECTION", "")}))
+"""
+
+# Check the uploaded file's digest and put it in place in one step.
+_VERIFY_AND_MOVE = r"""
+import hashlib, os, sys
+partial, final, expected = sys.argv[1:4]
+with open(partial, "rb") as f:
+    got = hashlib.sha256(f.read()).hexdigest()
+if got != expected:
+    os.unlink(partial)
+    sys.exit("sha256 " + got)
+os.chmod(partial, 0o644)
+os.replace(partial, final)
+"""
 
 
-def _remote_sha256(conn: Connection, path: str) -> str | None:
-    result = remote.run(conn, ["sha256sum", "--", path])
-    return result.stdout.split()[0] if result.exit_status == 0 and result.stdout else None
+@dataclass(frozen=True)
+class Preflight:
+    python: str
+    version: str
+    path: str  # where this build of the agent lives on the machine
+    installed: bool  # that file is there with the build's digest
+    ssh_client_address: str  # the console's address as the machine sees it
 
 
-def agent_install(conn: Connection, build: AgentBuild) -> tuple[str, bool]:
-    """Put the build on the machine, digest checked; a build already there is left alone.
-
-    Returns the installed path and whether it had to be uploaded.
-    """
-    directory = agent_home(conn) / "agent"
-    final = str(directory / build.filename)
-    if remote.run(conn, ["mkdir", "-p", "--", str(directory)]).exit_status != 0:
-        raise remote.RemoteError(f"Could not create {directory} on the machine.", kind="not_retryable")
-    if _remote_sha256(conn, final) == build.sha256:
-        return final, False
-    partial = f"{final}.part"
-    remote.upload(conn, build.path, partial)
-    got = _remote_sha256(conn, partial)
-    if got != build.sha256:
-        remote.run(conn, ["rm", "-f", "--", partial])
-        raise remote.RemoteError(f"The agent arrived damaged (sha256 {got}, expected {build.sha256}); try again.")
-    remote.run(conn, ["mv", "-f", "--", partial, final])
-    return final, True
-
-
-def python_check(conn: Connection) -> str:
-    """The machine's python3 version; the agent needs 3.9 or newer."""
-    result = remote.run(
-        conn, ["python3", "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3]); sys.exit(sys.version_info < (3, 9))"]
-    )
-    version = result.stdout.strip()
-    if result.exit_status == 127 or not version:
+def machine_preflight(conn: Connection, build: AgentBuild) -> Preflight:
+    """Python 3.9 or newer, the agent's place, and whether this build is already installed."""
+    result = remote.run(conn, ["python3", "-c", _PREFLIGHT, build.filename])
+    if result.exit_status == 127:
         raise remote.RemoteError("The machine has no python3; the agent needs Python 3.9 or newer.", kind="not_retryable")
+    try:
+        found = json.loads(result.stdout)
+    except ValueError:
+        words = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise remote.RemoteError(f"python3 on the machine failed: {words}", kind="not_retryable") from None
+    if not found["supported"]:
+        raise remote.RemoteError(f"The machine has Python {found['version']}; the agent needs 3.9 or newer.", kind="not_retryable")
+    return Preflight(
+        python=found["python"],
+        version=found["version"],
+        path=found["path"],
+        installed=found["sha256"] == build.sha256,
+        ssh_client_address=(found["ssh_connection"].split() or [""])[0],
+    )
+
+
+def agent_install(conn: Connection, build: AgentBuild, preflight: Preflight) -> bool:
+    """Put the build on the machine over SFTP, digest checked; returns whether it had to be copied."""
+    if preflight.installed:
+        return False
+    partial = f"{preflight.path}.part"
+    remote.upload(conn, build.path, partial)
+    result = remote.run(conn, [preflight.python, "-c", _VERIFY_AND_MOVE, partial, preflight.path, build.sha256])
     if result.exit_status != 0:
-        raise remote.RemoteError(f"The machine has Python {version}; the agent needs 3.9 or newer.", kind="not_retryable")
-    return version
+        got = result.stderr.strip().splitlines()[-1:] or ["unreadable"]
+        raise remote.RemoteError(f"The agent arrived damaged ({got[0]}, expected {build.sha256}); try again.")
+    return True

@@ -14,25 +14,21 @@ from fabric import Connection
 
 from console.jobs import JobContext, JobError
 from machines import remote, services
-from machines.agent import agent_build, agent_install, python_check
+from machines.agent import agent_build, agent_install, machine_preflight
 from machines.choices import MachineState
 from machines.models import Machine
 
 HEARTBEAT_PATH = "/agent/heartbeat/"
 
 
-def heartbeat_url(conn: Connection) -> str:
-    return console_url(conn) + HEARTBEAT_PATH
-
-
-def console_url(conn: Connection) -> str:
+def console_url(conn: Connection, seen_as: str = "") -> str:
     """The console's URL as the machine sees it: the setting, or the address its SSH session came from."""
     if settings.FADEN_CONSOLE_URL:
         return settings.FADEN_CONSOLE_URL.rstrip("/")
-    fields = remote.run(conn, ["printenv", "SSH_CONNECTION"]).stdout.split()
+    seen_as = seen_as or (remote.run(conn, ["printenv", "SSH_CONNECTION"]).stdout.split() or [""])[0]
     try:
-        seen_as = ipaddress.ip_address(fields[0])
-    except (IndexError, ValueError) as exc:
+        seen_as = ipaddress.ip_address(seen_as)
+    except ValueError as exc:
         raise remote.RemoteError(
             "Could not tell the console's address as the machine sees it; set FADEN_CONSOLE_URL.", kind="not_retryable"
         ) from exc
@@ -48,27 +44,30 @@ def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:
         with remote.connect(services.machine_target(machine)) as conn:
             ctx.log(f"Connected to {machine.address}; host key {machine.host_key_fingerprint} matches.")
             ctx.step("Check Python")
-            ctx.detail(f"Python {python_check(conn)}")
+            preflight = machine_preflight(conn, build)
+            ctx.detail(f"Python {preflight.version} ({preflight.python})")
             ctx.step("Install the agent")
-            path, uploaded = agent_install(conn, build)
+            uploaded = agent_install(conn, build, preflight)
+            path = preflight.path
             ctx.detail(f"{build.version} at {path}" + ("" if uploaded else " (already there)"))
             ctx.log(f"Agent {build.version} {'uploaded, sha256 checked' if uploaded else 'already installed'}: {path}")
             ctx.step("Read facts")
-            facts = remote.run_agent(conn, ["python3", path, "facts"])["facts"]
+            facts = remote.run_agent(conn, [preflight.python, path, "facts"])["facts"]
             with transaction.atomic():
                 machine.refresh_from_db()
                 machine.agent_path = path
+                machine.python_path = preflight.python
                 services.machine_facts_apply(machine=machine, facts=facts)
             ctx.detail(machine.accelerator_summary() or "no accelerators")
             ctx.step("Start the heartbeat")
-            url = heartbeat_url(conn)
+            url = console_url(conn, preflight.ssh_client_address) + HEARTBEAT_PATH
             token, token_hash = services.heartbeat_token_new()
             with transaction.atomic():
                 # Store the hash first: the first beat may arrive before the command returns.
                 Machine.objects.filter(pk=machine.pk).update(heartbeat_token_hash=token_hash)
             remote.run_agent(
                 conn,
-                ["python3", path, "heartbeat", "start", "--url", url, "--interval", str(settings.FADEN_HEARTBEAT_INTERVAL)],
+                [preflight.python, path, "heartbeat", "start", "--url", url, "--interval", str(settings.FADEN_HEARTBEAT_INTERVAL)],
                 stdin=token.encode() + b"\n",
             )
             ctx.detail(f"every {settings.FADEN_HEARTBEAT_INTERVAL} s to {url}")

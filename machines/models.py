@@ -40,6 +40,7 @@ class Machine(models.Model):
     container_runtime = models.CharField(max_length=64, blank=True)
     agent_version = models.CharField(max_length=32, blank=True)
     agent_path = models.CharField(max_length=255, blank=True)
+    python_path = models.CharField(max_length=255, blank=True, help_text="The Python the agent runs with")
     facts = models.JSONField(default=dict, blank=True, help_text="The agent's last facts, as it reported them")
     facts_at = models.DateTimeField(null=True, blank=True)
 
@@ -61,6 +62,10 @@ class Machine(models.Model):
     @property
     def badge(self) -> str:
         return MACHINE_BADGE[self.state]
+
+    def agent_command(self, *args: str) -> list[str]:
+        """The argv of an agent command on this machine (the agent must be installed)."""
+        return [self.python_path or "python3", self.agent_path, *args]
 
     def accelerator_summary(self) -> str:
         """``8 x H100 80GB``, or ``4 x A100 40GB + 2 x L4`` on a mixed machine; empty without any."""
