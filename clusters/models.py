@@ -78,6 +78,7 @@ class ClusterMember(models.Model):
     image_bytes_done = models.PositiveBigIntegerField(default=0)
     image_bytes_total = models.PositiveBigIntegerField(default=0)
     image_rate = models.FloatField(default=0, help_text="bytes per second, lately")
+    image_bytes_fetched = models.PositiveBigIntegerField(default=0, help_text="bytes that crossed the network, resends included")
     ray_node_id = models.CharField(max_length=64, blank=True)
     accelerators_in_ray = models.PositiveIntegerField(default=0)
 

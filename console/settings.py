@@ -151,6 +151,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "machines.tasks.machines_mark_offline",
         "schedule": timedelta(seconds=10),
     },
+    "clusters-retry-due": {
+        "task": "clusters.tasks.clusters_retry_due",
+        "schedule": timedelta(seconds=15),
+    },
     "jobs-reap": {
         "task": "console.tasks.jobs_reap",
         "schedule": timedelta(seconds=60),

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from clusters.agent_views import runtime_image_download
 from console import views
 
 urlpatterns = [
@@ -9,7 +10,9 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("machines/", include("machines.urls")),
+    path("clusters/", include("clusters.urls")),
     path("agent/heartbeat/", views.agent_heartbeat, name="agent-heartbeat"),
+    path("agent/images/<str:digest>/", runtime_image_download, name="agent-image-download"),
     path("api/", include("console.api_urls")),
     path("admin/", admin.site.urls),
 ]

@@ -1,4 +1,4 @@
-"""`faden lab ...`: up, down, status, fault. Entry point: ``main(argv)``."""
+"""`faden lab ...`: up, down, status, fault, images. Entry point: ``main(argv)``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 import os
 import sys
 
-from . import core, faults
+from . import core, faults, images
 from .state import LabState, state_dir_from_env
-from .util import LabError
+from .util import LabError, UsageError
 
 DESCRIPTION = """\
 Virtual GPU machines on this host (network namespaces running sshd).
@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     fault.add_argument("machine")
     fault.add_argument("kind")
     fault.add_argument("args", nargs="*", metavar="ARG")
+    made = commands.add_parser("images", help="write the lab's runtime image files (NVIDIA x86_64 and aarch64)")
+    made.add_argument("--size-mib", type=int, default=images.DEFAULT_SIZE_MIB,
+                      help=f"payload size of each image (default {images.DEFAULT_SIZE_MIB})")
+    made.add_argument("--out", metavar="DIR", help="where to write them (default: <state dir>/images)")
     return parser
 
 
@@ -65,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result, indent=2) if options.json else format_status(result))
         elif options.command == "fault":
             print(faults.apply_fault(state, options.machine, options.kind, options.args))
+        elif options.command == "images":
+            print(make_images(options.out or state.root / "images", options.size_mib))
     except LabError as error:
         print(f"faden lab {options.command}: {error}", file=sys.stderr)
         return error.exit_code
@@ -81,6 +87,17 @@ def main(argv: list[str] | None = None) -> int:
               "(FADEN_LAB_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
     return 0
+
+
+def make_images(out_dir, size_mib: int) -> str:
+    """The paths alone on stdout (``faden runtime-images import $(faden lab images)``); notes on stderr."""
+    if size_mib < 1:
+        raise UsageError("--size-mib must be at least 1")
+    made = images.images_make(out_dir, size_mib)
+    for path, written in made:
+        if not written:
+            print(f"faden lab images: {path.name} is already there at {size_mib} MiB: kept", file=sys.stderr)
+    return "\n".join(str(path) for path, _ in made)
 
 
 def format_status(result: dict) -> str:

@@ -16,3 +16,13 @@ def speed(mbps) -> str:
         return "—"
     mbps = int(mbps)
     return f"{mbps / 1000:g} Gbit/s" if mbps >= 1000 else f"{mbps} Mbit/s"
+
+
+@register.filter
+def time_left(member) -> str:
+    """How long the rest of the image takes at the current rate: ``42 s``, ``3 min``."""
+    remaining = member.image_bytes_total - member.image_bytes_done
+    if not member.image_rate or remaining <= 0:
+        return "—"
+    seconds = remaining / member.image_rate
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"

@@ -1,0 +1,295 @@
+"""Starting a cluster: the runtime image from the server to one machine and on machine to
+machine, each machine loads it and starts its runtime, Ray starts on the head, the others join,
+and the cluster reads Running once Ray's own node list holds them.
+
+Workers run in threads, one SSH connection each. Their progress goes through one
+``ProgressBoard`` that writes the database and pushes the page twice a second at most,
+whatever the number of machines.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
+from django.db import close_old_connections, connections, transaction
+from django.db.models import F
+
+from clusters import images, planning, services
+from clusters.choices import ClusterState, MemberState, Role
+from clusters.models import Cluster, ClusterMember
+from console.jobs import JobContext, JobError
+from machines import enrolment, remote
+from machines.choices import MachineState
+from machines.models import Machine
+from machines.services import machine_target
+
+IMAGE_PORT = 7470
+PUSH_EVERY = 0.5  # seconds between two pushes of the bars
+MAX_PARALLEL = 32  # SSH sessions one start holds at once
+
+
+class ProgressBoard:
+    """Member fields changed by worker threads, written and pushed together on a tick."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self._lock = threading.Lock()
+        self._pending: dict[int, dict] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"progress-{cluster.pk}", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.flush()
+
+    def update(self, member_id: int, **fields) -> None:
+        with self._lock:
+            self._pending.setdefault(member_id, {}).update(fields)
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        if not pending:
+            return
+        for member_id, fields in pending.items():
+            ClusterMember.objects.filter(pk=member_id).update(**fields)
+        services.cluster_changed(self.cluster, part="members")
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(PUSH_EVERY):
+                self.flush()
+        finally:
+            connections.close_all()
+
+
+def _in_thread(fn: Callable, *args):
+    """Run in a worker thread with a database connection of its own, closed afterwards."""
+    try:
+        return fn(*args)
+    finally:
+        connections.close_all()
+
+
+def _offline_reason(*machine_ids: int) -> Callable[[], str | None]:
+    """Asked while a command runs: a machine of the transfer went offline."""
+    def check() -> str | None:
+        close_old_connections()
+        for machine in Machine.objects.filter(pk__in=machine_ids, state=MachineState.OFFLINE):
+            return f"{machine.name} went offline ({machine.state_reason or 'no heartbeat'}): waiting for it to come back."
+        return None
+    return check
+
+
+def _agent(member: ClusterMember) -> list[str]:
+    if not member.machine.agent_path:
+        raise remote.RemoteError(f"{member.machine.name} has no agent yet: refresh its facts.", kind="not_retryable")
+    return member.machine.agent_command()
+
+
+class MemberFailed(Exception):
+    def __init__(self, member: ClusterMember, error: remote.RemoteError):
+        super().__init__(error.message)
+        self.member = member
+        self.error = error
+
+
+def cluster_start_run(ctx: JobContext, *, cluster_id: int) -> None:
+    cluster = Cluster.objects.get(pk=cluster_id)
+    try:
+        _start(ctx, cluster)
+    except JobError as exc:
+        with transaction.atomic():
+            cluster.refresh_from_db()
+            services.cluster_start_failed(cluster=cluster, message=exc.message, kind=exc.kind)
+        raise
+
+
+def _start(ctx: JobContext, cluster: Cluster) -> None:
+    members = list(cluster.members.select_related("machine", "runtime_image").order_by("-role", "machine__name"))
+    head = next(m for m in members if m.role == Role.HEAD)
+    _check_images_held(members)
+    usable = _drop_unusable(members, head)
+    with ProgressBoard(cluster) as board:
+        ctx.step("Get the runtime image")
+        usable = _distribute(ctx, cluster, usable, head, board)
+        ctx.step("Load the image")
+        usable = _parallel(usable, head, board, _load_and_start_runtime)
+    ctx.step("Start Ray on the head", f"{head.machine.name} at {head.address}:{cluster.ray_port}")
+    _set_member(head, state=MemberState.RAY)
+    _run_on(head, ["ray", "start-head", "--address", head.address, "--port", str(cluster.ray_port),
+                   "--num-gpus", str(head.machine.accelerators.count())], timeout=180)
+    workers = [m for m in usable if m.role != Role.HEAD]
+    ctx.step("Join the other machines", f"{len(workers)} machine(s)")
+    with ProgressBoard(cluster) as board:
+        _parallel(workers, head, board, lambda m, b: _join(m, b, head, cluster))
+    ctx.step("Check with Ray")
+    joined = _check_with_ray(cluster, head, members)
+    ctx.detail(f"{len(joined)} of {len(members)} machines up, {sum(m.accelerators_in_ray for m in joined)} accelerators")
+    with transaction.atomic():
+        cluster.refresh_from_db()
+        services.cluster_transition(cluster=cluster, to=ClusterState.RUNNING)
+        cluster.start_attempts = 0
+        cluster.save(update_fields=["start_attempts"])
+
+
+def _check_images_held(members: list[ClusterMember]) -> None:
+    """The server must hold the exact build each machine needs: a retry would not change that."""
+    for member in members:
+        image = member.runtime_image
+        if image is None:
+            raise JobError(f"No certified runtime image runs on {member.machine.name}.", kind="not_retryable")
+        if not images.runtime_image_held(image):
+            raise JobError(
+                f"The server holds a different build of {image} than the cluster needs (sha256 {image.digest[:12]}…). "
+                "Run faden runtime-images --check on the server and fetch what is missing.",
+                kind="not_retryable",
+            )
+
+
+def _drop_unusable(members: list[ClusterMember], head: ClusterMember) -> list[ClusterMember]:
+    """Machines that are not Healthy now sit this start out and say why; the head cannot."""
+    usable = []
+    for member in members:
+        machine = member.machine
+        if machine.state == MachineState.HEALTHY:
+            usable.append(member)
+            continue
+        reason = f"{machine.name} is {machine.get_state_display()}" + (f": {machine.state_reason}" if machine.state_reason else ".")
+        if member is head:
+            raise JobError(f"The head {reason} Waiting for it to come back.", kind="retryable")
+        _set_member(member, state=MemberState.FAILED, state_reason=reason)
+    return usable
+
+
+def _set_member(member: ClusterMember, **fields) -> None:
+    for name, value in fields.items():
+        setattr(member, name, value)
+    ClusterMember.objects.filter(pk=member.pk).update(**fields)
+    services.cluster_changed(member.cluster, part="members")
+
+
+def _run_on(member: ClusterMember, argv: list[str], *, timeout: float, stdin: bytes | None = None, on_event=None, abort=None) -> dict:
+    try:
+        with remote.connect(machine_target(member.machine)) as conn:
+            return remote.run_agent(conn, [*_agent(member), *argv], timeout=timeout, stdin=stdin, on_event=on_event, abort=abort)
+    except remote.RemoteError as exc:
+        raise JobError(f"{member.machine.name}: {exc.message}", kind=exc.kind) from exc
+
+
+def _parallel(members, head, board, work) -> list[ClusterMember]:
+    """Run ``work(member, board)`` on every member at once. A worker that is unreachable drops out
+    (it says why); any other failure, or the head failing, fails the start."""
+    failures: list[tuple[ClusterMember, JobError]] = []
+
+    def one(member):
+        try:
+            work(member, board)
+        except JobError as exc:
+            failures.append((member, exc))
+            board.update(member.pk, state=MemberState.FAILED, state_reason=exc.message)
+
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(members)))) as pool:
+        list(pool.map(lambda m: _in_thread(one, m), members))
+    for member, exc in failures:
+        if member.pk == head.pk or exc.kind != "unreachable":
+            raise exc
+    failed = {m.pk for m, _ in failures}
+    return [m for m in members if m.pk not in failed]
+
+
+# -- the image ------------------------------------------------------------------------------------
+
+
+def _distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], head, board) -> list[ClusterMember]:
+    """One copy from the server per build, then machine to machine in a chain, forwarded as it arrives."""
+    by_id = {m.machine_id: m for m in members}
+    receivers = [
+        planning.Receiver(id=m.machine_id, platform=m.runtime_image.digest, has_image=m.image_bytes_done == m.runtime_image.size_bytes > 0)
+        for m in members
+    ]
+    transfers = planning.distribution_plan(receivers)
+    # Every machine serves what it holds on the cluster's network, so that the next one can fetch from it.
+    members = _parallel(members, head, board, _serve_images)
+    serving = {m.machine_id for m in members}
+    with remote.connect(machine_target(head.machine)) as conn:
+        console = enrolment.console_url(conn)
+    ctx.detail(f"{len(transfers)} transfer(s); one copy from the server per build")
+
+    def fetch(member: ClusterMember, board: ProgressBoard) -> None:
+        transfer = next(t for t in transfers if t.machine_id == member.machine_id)
+        image = member.runtime_image
+        if transfer.source == "server":
+            url = f"{console}/agent/images/{image.digest}/"
+            source = {"url": url, "token": images.image_download_token(digest=image.digest, cluster_id=cluster.pk)}
+            label, watch = "the server", (member.machine_id,)
+        else:
+            giver = by_id[transfer.source]
+            if giver.machine_id not in serving:
+                raise JobError(f"{member.machine.name} waits for the image from {giver.machine.name}, which is not reachable.", kind="unreachable")
+            source = {"url": f"http://{giver.address}:{IMAGE_PORT}/images/{image.digest}"}
+            label, watch = f"{giver.machine.name} ({giver.address})", (member.machine_id, giver.machine_id)
+        spec = {"digest": image.digest, "size": image.size_bytes, "chunk_size": image.chunk_size,
+                "chunk_hashes": image.chunk_hashes, "source": source}
+        board.update(member.pk, state=MemberState.IMAGE, state_reason="", image_source=label, image_bytes_total=image.size_bytes)
+
+        def on_event(event: dict) -> None:
+            if event.get("event") == "progress":
+                board.update(member.pk, image_bytes_done=int(event.get("bytes", 0)), image_rate=float(event.get("rate", 0)))
+
+        result = _run_on(member, ["image", "fetch"], stdin=json.dumps(spec).encode(), on_event=on_event,
+                         timeout=image.size_bytes / 1_000_000 + 300, abort=_offline_reason(*watch))
+        board.update(member.pk, image_bytes_done=image.size_bytes, image_rate=0,
+                     image_bytes_fetched=F("image_bytes_fetched") + int(result.get("bytes_fetched", 0)))
+
+    receiving = {t.machine_id for t in transfers}
+    return [m for m in _parallel([m for m in members if m.machine_id in receiving], head, board, fetch)] + [
+        m for m in members if m.machine_id not in receiving
+    ]
+
+
+def _serve_images(member: ClusterMember, board: ProgressBoard) -> None:
+    _run_on(member, ["image", "serve", "start", "--bind", member.address, "--port", str(IMAGE_PORT)], timeout=30)
+
+
+def _load_and_start_runtime(member: ClusterMember, board: ProgressBoard) -> None:
+    board.update(member.pk, state=MemberState.LOADING)
+    digest = member.runtime_image.digest
+    _run_on(member, ["image", "load", "--digest", digest], timeout=120, abort=_offline_reason(member.machine_id))
+    _run_on(member, ["runtime", "start", "--digest", digest], timeout=120, abort=_offline_reason(member.machine_id))
+
+
+# -- Ray -------------------------------------------------------------------------------------------
+
+
+def _join(member: ClusterMember, board: ProgressBoard, head: ClusterMember, cluster: Cluster) -> None:
+    board.update(member.pk, state=MemberState.RAY)
+    _run_on(member, ["ray", "join", "--head", f"{head.address}:{cluster.ray_port}", "--address", member.address,
+                     "--num-gpus", str(member.machine.accelerators.count())], timeout=180, abort=_offline_reason(member.machine_id))
+
+
+def _check_with_ray(cluster: Cluster, head: ClusterMember, members: list[ClusterMember]) -> list[ClusterMember]:
+    """Ray's own node list decides who is up; the totals count what Ray reports."""
+    nodes = _run_on(head, ["ray", "status", "--head", f"{head.address}:{cluster.ray_port}"], timeout=60)["nodes"]
+    alive = {n["address"]: n for n in nodes if n.get("alive")}
+    if head.address not in alive:
+        raise JobError(f"Ray on {head.machine.name} does not list the head as alive.")
+    joined = []
+    for member in members:
+        node = alive.get(member.address)
+        if node:
+            _set_member(member, state=MemberState.JOINED, state_reason="", ray_node_id=node.get("node_id", "")[:64],
+                        accelerators_in_ray=int(node.get("gpus") or 0))
+            joined.append(member)
+        elif member.state != MemberState.FAILED:
+            _set_member(member, state=MemberState.FAILED, state_reason=f"Ray on the head does not list {member.machine.name} ({member.address}).")
+    return joined

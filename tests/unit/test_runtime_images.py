@@ -1,0 +1,400 @@
+"""The runtime image store: importing builds, what the machines need, download tokens, the command, lab builds."""
+import hashlib
+import io
+import json
+import os
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+from django.core import signing
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from clusters import images
+from clusters.models import Cluster, ClusterMember, RuntimeImage
+from lab import cli as lab_cli
+from lab import images as lab_images
+from tests.factories import AcceleratorFactory, MachineFactory
+
+MIB = 1024 * 1024
+X86 = lab_images.BUILDS[0]
+ARM = lab_images.BUILDS[1]
+
+
+@pytest.fixture
+def store(settings, tmp_path):
+    """The server's data directory, empty, for this test alone."""
+    settings.DATA_DIR = tmp_path / "data"
+    settings.DATA_DIR.mkdir()
+    return settings.DATA_DIR / "runtime-images"
+
+
+@pytest.fixture
+def image_file(tmp_path):
+    """A real runtime image (the lab's layout) of two chunks and a bit: 9 MiB of payload and 123 bytes."""
+    path = tmp_path / "in" / "nvidia-x86_64-runtime-2.1.0.img"
+    path.parent.mkdir()
+    lab_images.image_write(path, X86, 9 * MIB + 123)
+    return path
+
+
+def make_image(directory: Path, build=X86, payload_bytes=MIB, version=None, certified=True) -> Path:
+    """An image of any version: the lab's layout with the manifest rewritten."""
+    manifest = json.loads(lab_images.manifest_bytes(build))
+    manifest.update(version=version or manifest["version"], certified=certified)
+    path = directory / f"{build.accelerator_vendor}-{build.arch}-{manifest['version']}-{certified}.img"
+    make_tar(path, [("manifest.json", json.dumps(manifest).encode()), ("payload.bin", os.urandom(payload_bytes))])
+    return path
+
+
+def make_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w") as archive:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return path
+
+
+def chunk_hashes(data: bytes, size: int = 8 * MIB) -> list[str]:
+    return [hashlib.sha256(data[i:i + size]).hexdigest() for i in range(0, len(data), size)]
+
+
+# -- importing -------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_an_imported_image_records_the_digest_size_and_chunk_hashes_hashlib_computes(store, image_file):
+    data = image_file.read_bytes()
+
+    image = images.runtime_image_import(path=image_file)
+
+    assert image.digest == hashlib.sha256(data).hexdigest()
+    assert image.size_bytes == len(data)
+    assert image.chunk_size == 8 * MIB
+    assert image.chunk_hashes == chunk_hashes(data)
+    assert len(image.chunk_hashes) == 2
+    assert (image.name, image.version, image.arch, image.accelerator_vendor, image.certified) == (
+        "NVIDIA x86_64 Runtime", "2.1.0", "x86_64", "nvidia", True)
+
+
+@pytest.mark.django_db
+def test_the_stored_file_is_named_by_its_digest_and_holds_the_same_bytes(store, image_file):
+    image = images.runtime_image_import(path=image_file)
+
+    assert Path(image.path) == store / f"{image.digest}.img"
+    assert Path(image.path).read_bytes() == image_file.read_bytes()
+    assert [p.name for p in store.iterdir()] == [f"{image.digest}.img"]  # no temporary left behind
+    assert images.runtime_image_held(image)
+
+
+@pytest.mark.django_db
+def test_an_image_on_another_filesystem_is_copied_rather_than_linked(store, image_file, monkeypatch):
+    def cross_device(*args):
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr(images.os, "link", cross_device)
+
+    image = images.runtime_image_import(path=image_file)
+
+    assert os.stat(image.path).st_ino != image_file.stat().st_ino
+    assert Path(image.path).read_bytes() == image_file.read_bytes()
+    assert image.chunk_hashes == chunk_hashes(image_file.read_bytes())
+
+
+@pytest.mark.django_db
+def test_importing_the_same_build_twice_keeps_one_row_and_one_file(store, image_file):
+    first = images.runtime_image_import(path=image_file)
+    second = images.runtime_image_import(path=image_file)
+
+    assert second.pk == first.pk
+    assert RuntimeImage.objects.count() == 1
+    assert len(list(store.iterdir())) == 1
+
+
+@pytest.mark.django_db
+def test_importing_a_build_again_brings_back_a_lost_file(store, image_file):
+    image = images.runtime_image_import(path=image_file)
+    Path(image.path).unlink()
+    assert not images.runtime_image_held(image)
+
+    again = images.runtime_image_import(path=image_file)
+
+    assert again.pk == image.pk and images.runtime_image_held(again)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "members, words",
+    [
+        (None, "is not a tar archive"),
+        ([], "is an empty tar archive"),
+        ([("payload.bin", b"x" * 100), ("manifest.json", b"{}")], "its first member is payload.bin, not manifest.json"),
+        ([("manifest.json", b"not json")], "its manifest.json is not JSON"),
+        ([("manifest.json", b"[1, 2]")], "its manifest.json is not a JSON object"),
+        ([("manifest.json", json.dumps({"name": "NVIDIA x86_64 Runtime", "version": "2.1.0"}).encode())],
+         "its manifest.json lacks arch, accelerator_vendor, certified"),
+        ([("manifest.json", json.dumps({"name": "x", "version": "two", "arch": "x86_64",
+                                         "accelerator_vendor": "nvidia", "certified": "yes"}).encode())],
+         "a bad version 'two' (numbers with dots, like 2.1.0); a bad certified 'yes' (true or false)"),
+    ],
+    ids=["not-a-tar", "empty-tar", "manifest-not-first", "not-json", "not-an-object", "missing-fields", "bad-values"],
+)
+def test_a_file_that_is_not_a_runtime_image_is_refused_in_plain_words_and_nothing_is_stored(store, tmp_path, members, words):
+    path = tmp_path / "suspect.img"
+    if members is None:
+        path.write_bytes(os.urandom(50_000))
+    else:
+        make_tar(path, members)
+
+    with pytest.raises(ValidationError) as refused:
+        images.runtime_image_import(path=path)
+
+    message = " ".join(refused.value.messages)
+    assert message.startswith("suspect.img is not a runtime image: ")
+    assert words in message
+    assert not RuntimeImage.objects.exists()
+    assert not store.exists() or not any(store.iterdir())
+
+
+@pytest.mark.django_db
+def test_a_missing_file_is_refused_by_name(store, tmp_path):
+    with pytest.raises(ValidationError, match="No such file"):
+        images.runtime_image_import(path=tmp_path / "nowhere.img")
+
+
+# -- what the machines need -----------------------------------------------------------------
+
+
+def gpu_machine(arch="x86_64", vendor="nvidia", **fields):
+    machine = MachineFactory(arch=arch, **fields)
+    AcceleratorFactory(machine=machine, vendor=vendor)
+    return machine
+
+
+@pytest.mark.django_db
+def test_machines_of_two_platforms_with_one_build_held_leave_one_platform_missing(store, tmp_path):
+    x86 = gpu_machine("x86_64")
+    gpu_machine("aarch64")
+    MachineFactory(arch="x86_64", name="cpu-only")  # no accelerators: runs no runtime
+    held = images.runtime_image_import(path=make_image(tmp_path, X86))
+
+    needs = images.runtime_images_needed()
+
+    assert [(n.scope, n.platform, n.held) for n in needs] == [
+        ("enrolled machines", "nvidia/aarch64", False),
+        ("enrolled machines", "nvidia/x86_64", True),
+    ]
+    missing, found = needs
+    assert missing.image is None and missing.major == "2"
+    assert found.image == held and found.machine_names == (x86.name,)
+
+
+@pytest.mark.django_db
+def test_a_build_whose_file_is_gone_is_not_held(store, tmp_path):
+    gpu_machine("x86_64")
+    image = images.runtime_image_import(path=make_image(tmp_path, X86))
+    Path(image.path).unlink()
+
+    [need] = images.runtime_images_needed()
+
+    assert need.image == image and not need.held
+
+
+@pytest.mark.django_db
+def test_the_newest_certified_build_of_major_2_is_the_one_needed(store, tmp_path):
+    gpu_machine("x86_64")
+    for version, certified in [("2.9.0", True), ("2.10.0", True), ("2.11.0", False), ("3.0.0", True)]:
+        images.runtime_image_import(path=make_image(tmp_path, X86, version=version, certified=certified))
+
+    [need] = images.runtime_images_needed()
+
+    assert need.image.version == "2.10.0"
+
+
+@pytest.mark.django_db
+def test_machines_waiting_for_their_host_key_are_not_counted(store):
+    gpu_machine("aarch64", awaiting_host_key=True)
+
+    assert images.runtime_images_needed() == []
+
+
+@pytest.mark.django_db
+def test_each_cluster_needs_the_build_its_members_were_given(store, tmp_path):
+    old = images.runtime_image_import(path=make_image(tmp_path, X86, version="2.1.0"))
+    images.runtime_image_import(path=make_image(tmp_path, X86, version="2.2.0"))
+    first, second = gpu_machine("x86_64"), gpu_machine("x86_64")
+    cluster = Cluster.objects.create(name="alpha")
+    ClusterMember.objects.create(cluster=cluster, machine=first, role="head", runtime_image=old)
+    ClusterMember.objects.create(cluster=cluster, machine=second, role="worker")
+
+    needs = {(n.scope, n.image.version, n.machine_names) for n in images.runtime_images_needed()}
+
+    assert needs == {
+        ("enrolled machines", "2.2.0", tuple(sorted([first.name, second.name]))),
+        ("cluster alpha", "2.1.0", (first.name,)),
+        ("cluster alpha", "2.2.0", (second.name,)),
+    }
+
+
+@pytest.mark.django_db
+def test_the_needs_cost_a_few_queries_whatever_the_number_of_machines(store, tmp_path, django_assert_max_num_queries):
+    for _ in range(30):
+        gpu_machine("x86_64")
+    images.runtime_image_import(path=make_image(tmp_path, X86))
+
+    with django_assert_max_num_queries(5):
+        images.runtime_images_needed()
+
+
+# -- download tokens -----------------------------------------------------------------------
+
+
+DIGEST = "ab" * 32
+
+
+def test_a_download_token_names_its_digest_and_cluster():
+    token = images.image_download_token(digest=DIGEST, cluster_id=7)
+
+    assert images.image_download_token_check(token) == (DIGEST, 7)
+
+
+def test_a_tampered_or_foreign_token_is_refused():
+    token = images.image_download_token(digest=DIGEST, cluster_id=7)
+
+    assert images.image_download_token_check(token[:-2] + "xx") is None
+    assert images.image_download_token_check("") is None
+    assert images.image_download_token_check(signing.dumps({"digest": DIGEST, "cluster": 7}, salt="other")) is None
+
+
+def test_a_token_older_than_a_day_is_refused(monkeypatch):
+    now = time.time()
+    with monkeypatch.context() as past:
+        past.setattr(signing.time, "time", lambda: now - 24 * 3600 - 5)
+        token = images.image_download_token(digest=DIGEST, cluster_id=7)
+
+    assert images.image_download_token_check(token) is None
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+def run(*args) -> tuple[int, str]:
+    out = io.StringIO()
+    try:
+        call_command("runtime-images", *args, stdout=out)
+    except SystemExit as exit:
+        return exit.code, out.getvalue()
+    return 0, out.getvalue()
+
+
+@pytest.mark.django_db
+def test_check_exits_1_naming_the_missing_platform_and_what_to_do(store, tmp_path):
+    gpu_machine("x86_64")
+    gpu_machine("aarch64")
+    images.runtime_image_import(path=make_image(tmp_path, X86))
+
+    status, output = run("--check")
+
+    assert status == 1
+    lines = output.strip().splitlines()
+    assert any("nvidia/aarch64" in line and "MISSING" in line for line in lines)
+    assert any("nvidia/x86_64" in line and "held" in line for line in lines)
+    assert "nvidia/aarch64 2.x" in lines[-1] and "faden runtime-images import FILE" in lines[-1]
+
+
+@pytest.mark.django_db
+def test_check_exits_0_when_every_build_is_held(store, tmp_path):
+    gpu_machine("x86_64")
+    images.runtime_image_import(path=make_image(tmp_path, X86))
+
+    status, output = run("--check")
+
+    assert status == 0
+    assert output.strip().splitlines()[-1] == "The server holds every build the machines need."
+
+
+@pytest.mark.django_db
+def test_import_prints_each_build_and_the_list_shows_it(store, tmp_path):
+    files = [make_image(tmp_path, X86), make_image(tmp_path, ARM)]
+
+    status, output = run("import", *map(str, files))
+
+    assert status == 0
+    x86 = RuntimeImage.objects.get(arch="x86_64")
+    assert f"Imported: NVIDIA x86_64 Runtime 2.1.0  nvidia/x86_64  {x86.digest[:12]}  " in output
+    assert "Imported: NVIDIA aarch64 Runtime 2.1.0  nvidia/aarch64" in output
+    assert "Already held: NVIDIA x86_64 Runtime" in run("import", str(files[0]))[1]
+    listing = run()[1]
+    assert "NVIDIA aarch64 Runtime" in listing and x86.digest[:12] in listing and "held" in listing
+
+
+@pytest.mark.django_db
+def test_import_of_a_missing_file_or_a_bad_archive_fails_with_status_2_in_one_line(store, tmp_path):
+    bad = tmp_path / "bad.img"
+    bad.write_bytes(b"hello")
+
+    with pytest.raises(CommandError) as missing:
+        call_command("runtime-images", "import", str(tmp_path / "nowhere.img"))
+    with pytest.raises(CommandError) as refused:
+        call_command("runtime-images", "import", str(bad))
+
+    assert missing.value.returncode == 2 and "No such file" in str(missing.value)
+    assert refused.value.returncode == 2
+    assert str(refused.value) == "bad.img is not a runtime image: it is not a tar archive."
+    assert not RuntimeImage.objects.exists()
+
+
+# -- lab builds ----------------------------------------------------------------------------
+
+
+def test_the_lab_writes_one_nvidia_image_per_arch_with_the_manifest_first(tmp_path):
+    made = lab_images.images_make(tmp_path, size_mib=1)
+
+    assert [(p.name, written) for p, written in made] == [
+        ("nvidia-x86_64-runtime-2.1.0.img", True),
+        ("nvidia-aarch64-runtime-2.1.0.img", True),
+    ]
+    for path, _ in made:
+        with tarfile.open(path) as archive:
+            members = archive.getmembers()
+            manifest = json.load(archive.extractfile(members[0]))
+        assert [(m.name, m.size) for m in members[:1]] == [("manifest.json", members[0].size)]
+        assert [(m.name, m.size) for m in members[1:]] == [("payload.bin", MIB)]
+        assert manifest["certified"] is True and manifest["version"] == "2.1.0"
+        assert path.stat().st_size == lab_images.expected_size(X86, MIB)
+    manifests = {json.load(tarfile.open(p).extractfile("manifest.json"))["name"] for p, _ in made}
+    assert manifests == {"NVIDIA x86_64 Runtime", "NVIDIA aarch64 Runtime"}
+    assert not any("amd" in p.name for p, _ in made)
+
+
+def test_the_lab_keeps_images_already_there_at_the_right_size(tmp_path):
+    first = lab_images.images_make(tmp_path, size_mib=1)
+    inodes = [p.stat().st_ino for p, _ in first]
+
+    again = lab_images.images_make(tmp_path, size_mib=1)
+    assert [written for _, written in again] == [False, False]
+    assert [p.stat().st_ino for p, _ in again] == inodes
+
+    bigger = lab_images.images_make(tmp_path, size_mib=2)
+    assert [written for _, written in bigger] == [True, True]
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_faden_lab_images_prints_the_paths(tmp_path, capsys):
+    assert lab_cli.main(["images", "--size-mib", "1", "--out", str(tmp_path)]) == 0
+
+    assert capsys.readouterr().out.split() == [str(tmp_path / b.file_name) for b in lab_images.BUILDS]
+    assert lab_cli.main(["images", "--size-mib", "0", "--out", str(tmp_path)]) == 2
+
+
+@pytest.mark.django_db
+def test_a_lab_image_imports_on_the_server(store, tmp_path):
+    [(path, _), _] = lab_images.images_make(tmp_path, size_mib=1)
+
+    image = images.runtime_image_import(path=path)
+
+    assert (image.name, image.platform, image.size_bytes) == ("NVIDIA x86_64 Runtime", "nvidia/x86_64", path.stat().st_size)
