@@ -12,6 +12,7 @@ from clusters import planning, services
 from clusters.choices import MemberState, Role
 from clusters.models import Cluster, ClusterMember, NetworkMeasurement
 from console.models import Job
+from machines.models import short_model
 
 STEPS = ["name", "machines", "network"]
 
@@ -70,11 +71,13 @@ def _machines_step(state) -> dict:
     verdicts = planning.pick_check(everyone, services.image_builds(), head_id=head)
     # A picked machine that cannot serve blocks Next until it is taken out of the selection.
     blocking = [verdicts[c.id].refusal for c in picked if not verdicts[c.id].selectable]
-    rows = [{"candidate": c, "verdict": verdicts[c.id], "picked": c.id in state["picked"],
-             "suggested_head": c.id == planning.suggest_head(picked)} for c in everyone]
+    suggested = planning.suggest_head(picked)
+    rows = [{"candidate": c, "verdict": verdicts[c.id], "picked": c.id in state["picked"], "suggested_head": c.id == suggested,
+             "accelerators": f"{c.accelerator_count} x {short_model(c.accelerator_model)}" if c.accelerator_count else ""}
+            for c in everyone]
     state["head"] = head
     return {"rows": rows, "picked_candidates": picked, "blocking": blocking,
-            "can_continue": bool(picked) and not blocking, "suggested_head": planning.suggest_head(picked)}
+            "can_continue": bool(picked) and not blocking, "suggested_head": suggested}
 
 
 def network_view(state, probe_job: Job | None = None) -> dict:
