@@ -83,7 +83,7 @@ class ClusterMember(models.Model):
     accelerators_in_ray = models.PositiveIntegerField(default=0)
 
     class Meta:
-        ordering = ["cluster", "-role", "machine__name"]
+        ordering = ["cluster", "machine__name"]
 
     def __str__(self) -> str:
         return f"{self.machine} in {self.cluster} ({self.role})"
@@ -95,6 +95,11 @@ class ClusterMember(models.Model):
     @property
     def image_percent(self) -> int:
         return int(100 * self.image_bytes_done / self.image_bytes_total) if self.image_bytes_total else 0
+
+
+def head_first(member: ClusterMember) -> tuple[bool, str]:
+    """Sort key: the head, then the others by name (the order images and Ray start in)."""
+    return (member.role != Role.HEAD, member.machine.name)
 
 
 class NetworkMeasurement(models.Model):

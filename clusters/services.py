@@ -231,6 +231,8 @@ def cluster_start_failed(*, cluster: Cluster, message: str, kind: str) -> None:
         )
     elif kind == "address_in_use":
         cluster_transition(cluster=cluster, to=ClusterState.WAITING, reason=f"{message} Free the port, then select Try again.")
+    elif kind == "no_room":
+        cluster_transition(cluster=cluster, to=ClusterState.WAITING, reason=f"{message} Make room, then select Try again.")
     else:
         pause = planning.retry_pause(cluster.start_attempts)
         cluster.next_retry_at = timezone.now() + timedelta(seconds=pause)

@@ -20,7 +20,7 @@ from django.db.models import F
 
 from clusters import images, planning, services
 from clusters.choices import ClusterState, MemberState, Role
-from clusters.models import Cluster, ClusterMember
+from clusters.models import Cluster, ClusterMember, head_first
 from console.jobs import JobContext, JobError
 from machines import enrolment, remote
 from machines.choices import MachineState
@@ -115,7 +115,7 @@ def cluster_start_run(ctx: JobContext, *, cluster_id: int) -> None:
 
 
 def _start(ctx: JobContext, cluster: Cluster) -> None:
-    members = list(cluster.members.select_related("machine", "runtime_image").order_by("-role", "machine__name"))
+    members = sorted(cluster.members.select_related("machine", "runtime_image").order_by("machine__name"), key=head_first)
     head = next(m for m in members if m.role == Role.HEAD)
     _check_images_held(members)
     usable = _drop_unusable(members, head)

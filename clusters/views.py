@@ -10,7 +10,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from clusters import planning, services
 from clusters.choices import MemberState, Role
-from clusters.models import Cluster, ClusterMember, NetworkMeasurement
+from clusters.models import Cluster, ClusterMember, head_first, NetworkMeasurement
 from console.models import Job
 from machines.models import short_model
 
@@ -175,7 +175,7 @@ def cluster_list(request):
 
 
 def cluster_cards(cluster: Cluster) -> dict:
-    members = list(cluster.members.select_related("machine", "runtime_image").order_by("-role", "machine__name"))
+    members = sorted(cluster.members.select_related("machine", "runtime_image").order_by("machine__name"), key=head_first)
     jobs = list(Job.objects.filter(target_type="cluster", target_id=cluster.pk)[:1])
     joined = [m for m in members if m.state == MemberState.JOINED]
     return {

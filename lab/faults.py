@@ -287,6 +287,7 @@ PORT_HOLDER = """
 import os, socket, sys
 port = int(sys.argv[1])
 server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # like any server: closed connections don't block it
 try:
     server.bind(("0.0.0.0", port))
     server.listen(128)

@@ -13,7 +13,7 @@ import sys
 
 from .protocol import BAD_INPUT, RETRYABLE, AgentError, Emitter
 
-COMMANDS = ("version", "facts", "heartbeat", "uninstall")
+COMMANDS = ("version", "facts", "heartbeat", "uninstall", "image", "probe", "runtime", "ray")
 HEARTBEAT_COMMANDS = ("start", "run", "stop", "status")
 
 
@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     hb_sub.add_parser("stop", help="stop the daemon", allow_abbrev=False)
     hb_sub.add_parser("status", help="report the daemon's state", allow_abbrev=False)
     sub.add_parser("uninstall", help="remove the agent (keeps the store)", allow_abbrev=False)
+    from . import image, probe  # image fetch|verify|load|list|serve, probe serve|send
+    image.add_commands(sub, _Parser)
+    probe.add_commands(sub, _Parser)
+    from . import ray, runtime  # runtime start|stop|status, ray start-head|join|status|stop
+    runtime.add_commands(sub, _Parser)
+    ray.add_commands(sub, _Parser)
     return parser
 
 
@@ -56,6 +62,8 @@ def _handler(args):
 
     if args.command is None:
         raise AgentError(BAD_INPUT, "no command given (known: %s)" % ", ".join(COMMANDS))
+    if getattr(args, "handler", None) is not None:   # commands that name their own handler
+        return args.handler
     if args.command == "heartbeat":
         if args.action is None:
             raise AgentError(BAD_INPUT, "heartbeat needs an action (known: %s)"

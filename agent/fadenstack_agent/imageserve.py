@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import socket
+import socketserver
 import sys
 import threading
 import time
@@ -202,6 +203,12 @@ class Server(http.server.ThreadingHTTPServer):
         self.store, self.token_file = store, token_file
         self._log_lock = threading.Lock()
         super().__init__((bind, port), Handler)
+
+    def server_bind(self):
+        # HTTPServer.server_bind looks the address up in DNS (getfqdn); on a machine whose
+        # resolver is unreachable that alone takes seconds. The name is never used here.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
 
     def log(self, message):
         with self._log_lock:

@@ -1,0 +1,365 @@
+"""``ray start-head|join|status|stop``: Ray on this machine, run through the
+runtime driver (module ``runtime``).  The agent never imports Ray: it runs the
+driver's ``ray`` and ``python`` executables as subprocesses (argv lists, with
+timeouts) and reads what they print.
+
+- ``ray start-head --address ADDR [--port 6379] --num-gpus N [--resources JSON]``
+  runs ``ray start --head --node-ip-address=ADDR --port=P --num-gpus=N
+  [--resources=JSON] --object-store-memory=100000000 --include-dashboard=false
+  --temp-dir=<store>/ray --disable-usage-stats`` plus the driver's arguments
+  (``--num-cpus=1`` for ``process``) and ``--log-style=record
+  --log-color=false``.  Before that, a bind attempt on ADDR:P (and on the
+  wildcard address, which Ray's GCS binds): a port held by something else is
+  error ``address_in_use`` at once (Ray itself would take some 40 s to give
+  up).  The head counts as up only once Ray reports the node alive
+  (``ray.nodes()``, polled for at most ``ALIVE_WAIT`` s).  A head already
+  running at that address: result with ``already_running: true``.
+- ``ray join --head ADDR:PORT --address ADDR --num-gpus N [--resources JSON]``
+  likewise with ``ray start --address=HEAD``; the head must answer a TCP
+  connect first (else ``unreachable``).  Already joined: ``already_running``.
+- ``ray status --head ADDR:PORT``: ``<python> -I -c STATUS_SCRIPT`` connects a
+  driver to the GCS (``ray.init(address=..., log_to_driver=False,
+  logging_level="ERROR")``) and prints ``ray.nodes()``; 30 s at most.
+- ``ray stop``: SIGTERM (the raylet first), then SIGKILL after
+  ``STOP_GRACE`` s, to this machine's Ray processes only (see
+  ``rayproc.ray_processes``: never Ray's own ``ray stop``, which kills every
+  Ray process it can see, and lab machines share one process table).
+
+Ray's environment: the agent's, without proxy variables and ``RAY_ADDRESS``,
+with ``RAY_USAGE_STATS_ENABLED=0``.  The output of the last ``ray start`` is
+kept in ``<store>/runtime/ray-start.log``; what the agent started is recorded
+in ``<store>/runtime/ray.json``.  Command lines, environment and the parsing
+of Ray's output live in ``rayargs``; processes, records, the lock and the
+local network checks in ``rayproc``.
+"""
+
+
+import os
+import signal
+import subprocess
+import time
+
+from .paths import store_dir
+from .protocol import ADDRESS_IN_USE, NOT_RETRYABLE, RETRYABLE, AgentError
+from .rayargs import (ALIVE_WAIT, ALREADY_WAIT, DEFAULT_PORT, START_TIMEOUT, STATUS_LOOKUP,
+                      STATUS_SLACK, build_address, check_temp_dir, head_start_argv, join_argv,
+                      parse_host_port, parse_ip, parse_num_gpus, parse_port, parse_resources,
+                      parse_status_output, ray_env, status_argv, status_env, summarize_failure,
+                      summarize_nodes, temp_dir)
+from .rayproc import (Lock, check_local_address, check_reachable, local_node, node_from_processes,
+                      port_holder_message, ray_processes, read_record, read_tail, resolve_head,
+                      signal_quietly, start_failure, stop_locked, stop_processes, write_record)
+from .runtime import runtime_dir
+
+ACTIONS = ("start-head", "join", "status", "stop")
+
+
+# ------------------------------------------------------------------ running Ray
+
+
+def _whole(number):
+    return int(number) if isinstance(number, float) and number == int(number) else number
+
+
+def _text(data) -> str:
+    if data is None:
+        return ""
+    return data if isinstance(data, str) else data.decode("utf-8", "replace")
+
+
+def run_status(driver, head: str, node_ip=None, wait_id=None, wait_address=None, wait: float = 0.0,
+               lookup: float = STATUS_LOOKUP) -> dict:
+    """Run the status script once: at most ``wait`` s polling for a node,
+    ``lookup`` s for each of Ray's GCS requests, and STATUS_SLACK s more for
+    starting Python and Ray; its JSON (``{"nodes": [...]}``) or AgentError."""
+    argv = status_argv(driver, head, node_ip, wait_id, wait_address, wait)
+    timeout = wait + max(5, int(lookup)) + STATUS_SLACK
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=status_env(lookup), cwd="/", timeout=timeout)
+    except (FileNotFoundError, PermissionError) as exc:
+        raise AgentError(NOT_RETRYABLE, "cannot run %s: %s" % (argv[0], exc.strerror or exc))
+    except subprocess.TimeoutExpired:
+        raise AgentError(RETRYABLE, "Ray at %s did not answer within %g s" % (head, timeout))
+    answer = parse_status_output(_text(proc.stdout))
+    if answer is None:
+        raise AgentError(RETRYABLE, "the Ray status driver printed no answer (exit %s): %s"
+                         % (proc.returncode, summarize_failure(_text(proc.stderr) or _text(proc.stdout))))
+    if answer.get("error") == "import":
+        raise AgentError(NOT_RETRYABLE, "%s cannot import Ray: %s" % (driver.python, answer.get("message")))
+    if answer.get("error"):
+        raise AgentError(RETRYABLE, "Ray at %s: %s" % (head, answer.get("message")))
+    if not isinstance(answer.get("nodes"), list):
+        raise AgentError(RETRYABLE, "the Ray status driver's answer has no nodes: %r" % (answer,))
+    return answer
+
+
+def wait_alive(driver, head: str, node: dict, address: str, wait: float) -> dict:
+    """Ask Ray until it reports this machine's node alive (at most ``wait`` s)."""
+    deadline = time.monotonic() + wait
+    node_id = node.get("node_id") if node else None
+    node_ip = (node.get("node_ip") if node else None) or address
+    last = None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            answer = run_status(driver, head, node_ip, node_id, address, max(left, 0.0),
+                                lookup=min(STATUS_LOOKUP, max(left, 5.0)))
+            for entry in answer["nodes"]:
+                if entry.get("alive") and (entry.get("node_id") == node_id if node_id
+                                           else entry.get("address") == address):
+                    return {"node": entry, "nodes": answer["nodes"]}
+            last = "Ray lists %d node(s), not this one alive" % len(answer["nodes"])
+        except AgentError as exc:
+            if exc.kind == NOT_RETRYABLE:
+                raise
+            last = exc.message
+        if deadline - time.monotonic() <= 0.5:
+            raise AgentError(RETRYABLE, "Ray did not report node %s (%s) alive within %g s: %s"
+                             % ((node_id or "?")[:12], address, wait, last))
+        time.sleep(0.5)
+
+
+def run_ray_start(driver, store: str, argv: list) -> tuple:
+    """Run ``ray start`` in a session of its own (its daemons stay in it, so the
+    session id finds them again); output to ``ray-start.log`` (a pipe would be
+    held open by the daemons).  Returns ``(exit status | None, output)``."""
+    log_path = os.path.join(runtime_dir(store), "ray-start.log")
+    os.makedirs(os.path.dirname(log_path), mode=0o755, exist_ok=True)
+    with open(log_path, "wb") as log:
+        log.write(("$ %s\n" % " ".join(argv)).encode("utf-8"))
+        log.flush()
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    env=ray_env(), cwd="/", start_new_session=True)
+        except (FileNotFoundError, PermissionError) as exc:
+            raise AgentError(NOT_RETRYABLE, "cannot run %s: %s" % (argv[0], exc.strerror or exc))
+    sids = [s for s in read_record(store).get("sids", []) if s != proc.pid] + [proc.pid]
+    write_record(store, sids=sids[-8:])
+    try:
+        code = proc.wait(timeout=START_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        code = None
+        signal_quietly(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return code, read_tail(log_path)
+
+
+def _start_node(driver, store: str, out, argv: list, gcs: str, address: str, port) -> tuple:
+    """Run ``ray start`` and wait until Ray reports the node alive.  On failure
+    whatever it left running is stopped, so that a retry starts clean."""
+    temp = temp_dir(store)
+    started, wall = time.monotonic(), time.time()
+    out.log("running: %s" % " ".join(argv))
+    code, output = run_ray_start(driver, store, argv)
+    start_seconds = time.monotonic() - started
+    if code != 0:
+        error = start_failure(store, code, output, address, port, since=wall)
+        stop_processes(store, out)
+        raise error
+    node = local_node(temp, read_record(store).get("sids", ()))
+    out.log("ray start finished in %.1f s; waiting for Ray to report node %s alive"
+            % (start_seconds, (node or {}).get("node_id", "?")[:12]))
+    try:
+        alive = wait_alive(driver, gcs, node, address, ALIVE_WAIT)
+    except AgentError:
+        stop_processes(store, out)
+        raise
+    return alive, {"ray_start": round(start_seconds, 3),
+                   "alive": round(time.monotonic() - started - start_seconds, 3)}
+
+
+def _existing(driver, store: str, out, matches, describe, gcs: str, address: str):
+    """A Ray node already here: the alive answer when it is the one asked for,
+    an error when it is another; None when nothing (left over) runs."""
+    temp = temp_dir(store)
+    sids = read_record(store).get("sids", ())
+    procs = ray_processes(temp, sids)
+    node = node_from_processes(procs, temp)
+    if node is not None and not matches(node):
+        role = "the head at %s" % node["gcs_address"] if node["head"] else \
+            "a node (%s) of the cluster whose head is %s" % (node["node_ip"], node["gcs_address"])
+        raise AgentError(NOT_RETRYABLE, "Ray already runs on this machine as %s, not as %s: "
+                                        "`ray stop` it first" % (role, describe))
+    if node is not None:
+        try:
+            return wait_alive(driver, gcs, node, address, ALREADY_WAIT)
+        except AgentError as exc:
+            if exc.kind == NOT_RETRYABLE:
+                raise
+            out.log("Ray's processes are here but Ray does not report the node alive (%s): "
+                    "starting it again" % exc.message)
+    if procs:
+        stop_processes(store, out)
+    return None
+
+
+# ------------------------------------------------------------------ commands
+
+
+def cmd_start_head(args, out) -> int:
+    """``ray start-head --address ADDR [--port 6379] --num-gpus N [--resources JSON]``.
+
+    Result: ``{"already_running": bool, "address", "port", "gcs_address",
+    "node_id", "num_gpus", "resources", "temp_dir", "nodes": [...],
+    "seconds", "timings": {"ray_start", "alive"}}``.  Errors:
+    ``address_in_use`` (the port is held), ``not_retryable`` (runtime not
+    started, ADDR not this machine's, Ray already here in another role),
+    ``retryable`` (Ray failed to start or to report the node alive).
+    """
+    from . import runtime
+
+    started = time.monotonic()
+    address = parse_ip(args.address)
+    port = parse_port(args.port)
+    num_gpus = parse_num_gpus(args.num_gpus)
+    resources = parse_resources(args.resources)
+    store = store_dir(args.store)
+    driver = runtime.require_started(store)
+    temp = check_temp_dir(temp_dir(store))
+    check_local_address(address)
+    gcs = build_address(address, port)
+    with Lock(store):
+        already = _existing(driver, store, out,
+                            lambda node: node["head"] and node["gcs_address"] == gcs
+                            and node["node_ip"] == address,
+                            "the head at %s" % gcs, gcs, address)
+        if already is not None:
+            return out.result(already_running=True, address=address, port=port, gcs_address=gcs,
+                              node_id=already["node"]["node_id"], num_gpus=_whole(already["node"]["gpus"]),
+                              resources=resources, temp_dir=temp, nodes=already["nodes"],
+                              seconds=round(time.monotonic() - started, 3), timings={})
+        held = port_holder_message(address, port)
+        if held:
+            raise AgentError(ADDRESS_IN_USE, "%s: another process holds it, so Ray's GCS cannot listen "
+                                             "there" % held)
+        os.makedirs(temp, mode=0o755, exist_ok=True)
+        argv = head_start_argv(driver, address, port, num_gpus, resources, temp)
+        write_record(store, role="head", address=address, port=port, gcs_address=gcs,
+                      started_at=round(time.time(), 3))
+        alive, timings = _start_node(driver, store, out, argv, gcs, address, port)
+        write_record(store, node_id=alive["node"]["node_id"])
+    return out.result(already_running=False, address=address, port=port, gcs_address=gcs,
+                      node_id=alive["node"]["node_id"], num_gpus=num_gpus, resources=resources,
+                      temp_dir=temp, nodes=alive["nodes"], seconds=round(time.monotonic() - started, 3),
+                      timings=timings)
+
+
+def cmd_join(args, out) -> int:
+    """``ray join --head ADDR:PORT --address ADDR --num-gpus N [--resources JSON]``.
+
+    Result: ``{"already_running": bool, "head", "address", "node_id",
+    "num_gpus", "resources", "nodes": [...], "seconds", "timings"}``.  Errors:
+    ``unreachable`` (the head's GCS port does not answer), ``not_retryable``,
+    ``retryable`` as for ``start-head``.
+    """
+    from . import runtime
+
+    started = time.monotonic()
+    host, port = parse_host_port(args.head)
+    address = parse_ip(args.address)
+    num_gpus = parse_num_gpus(args.num_gpus)
+    resources = parse_resources(args.resources)
+    store = store_dir(args.store)
+    driver = runtime.require_started(store)
+    temp = check_temp_dir(temp_dir(store))
+    check_local_address(address)
+    head = build_address(resolve_head(host), port)
+    with Lock(store):
+        already = _existing(driver, store, out,
+                            lambda node: not node["head"] and node["gcs_address"] == head
+                            and node["node_ip"] == address,
+                            "a node (%s) of the cluster whose head is %s" % (address, head), head, address)
+        if already is not None:
+            return out.result(already_running=True, head=head, address=address,
+                              node_id=already["node"]["node_id"], num_gpus=_whole(already["node"]["gpus"]),
+                              resources=resources, nodes=already["nodes"],
+                              seconds=round(time.monotonic() - started, 3), timings={})
+        check_reachable(host, port)
+        os.makedirs(temp, mode=0o755, exist_ok=True)
+        argv = join_argv(driver, head, address, num_gpus, resources, temp)
+        write_record(store, role="worker", address=address, port=None, gcs_address=head,
+                      started_at=round(time.time(), 3))
+        alive, timings = _start_node(driver, store, out, argv, head, address, None)
+        write_record(store, node_id=alive["node"]["node_id"])
+    return out.result(already_running=False, head=head, address=address, node_id=alive["node"]["node_id"],
+                      num_gpus=num_gpus, resources=resources, nodes=alive["nodes"],
+                      seconds=round(time.monotonic() - started, 3), timings=timings)
+
+
+def cmd_status(args, out) -> int:
+    """``ray status --head ADDR:PORT``: the cluster's nodes, as Ray reports them.
+
+    Run it on a node of that cluster (the head): a Ray driver needs a Ray
+    node on its own machine.  Result: ``{"head", "nodes": [{"node_id",
+    "address", "alive", "gpus"}], "alive_nodes", "gpus" (of the alive
+    nodes), "seconds"}``.  Errors: ``unreachable`` (nothing answers at the
+    head), ``not_retryable`` (no node of that cluster here), ``retryable``.
+    """
+    from . import runtime
+
+    started = time.monotonic()
+    host, port = parse_host_port(args.head)
+    store = store_dir(args.store)
+    driver = runtime.load_driver()
+    driver.check()
+    head = build_address(resolve_head(host), port)
+    check_reachable(host, port)
+    node = local_node(temp_dir(store), read_record(store).get("sids", ()))
+    if node is None or node["gcs_address"] != head:
+        here = "no Ray node runs here" if node is None else "this machine's node belongs to the " \
+            "cluster whose head is %s" % node["gcs_address"]
+        raise AgentError(NOT_RETRYABLE, "Cannot ask Ray at %s from this machine: %s, and a Ray driver "
+                                        "needs a node of its cluster on its machine (ask the head)"
+                         % (head, here))
+    answer = run_status(driver, head, node_ip=node["node_ip"])
+    nodes = sorted(answer["nodes"], key=lambda n: (not n.get("alive"), str(n.get("address")),
+                                                   str(n.get("node_id"))))
+    return out.result(head=head, nodes=nodes, seconds=round(time.monotonic() - started, 3),
+                      **summarize_nodes(nodes))
+
+
+def cmd_stop(args, out) -> int:
+    """``ray stop``: stop this machine's Ray (SIGTERM, raylet first; SIGKILL after 2 s).
+
+    Result: ``{"stopped": bool (something was running), "pids", "forced"
+    (needed SIGKILL), "seconds"}``.  Running it again is a no-op.
+    """
+    store = store_dir(args.store)
+    return out.result(**stop_locked(store, out))
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def add_commands(sub, parser_class) -> None:
+    """Add ``ray start-head|join|status|stop`` (each parser sets ``handler``)."""
+    from .runtime import needs_action
+
+    ray = sub.add_parser("ray", help="Ray on this machine", allow_abbrev=False)
+    ray.set_defaults(handler=needs_action("ray", ACTIONS))
+    actions = ray.add_subparsers(dest="ray_action", metavar="ACTION", parser_class=parser_class)
+
+    head = actions.add_parser("start-head", help="start the Ray head", allow_abbrev=False)
+    head.add_argument("--address", required=True, metavar="ADDR", help="this machine's address for Ray")
+    head.add_argument("--port", default=DEFAULT_PORT, metavar="PORT", help="the GCS port (default 6379)")
+    head.set_defaults(handler=cmd_start_head)
+
+    join = actions.add_parser("join", help="join a Ray cluster", allow_abbrev=False)
+    join.add_argument("--head", required=True, metavar="ADDR:PORT", help="the head's GCS address")
+    join.add_argument("--address", required=True, metavar="ADDR", help="this machine's address for Ray")
+    join.set_defaults(handler=cmd_join)
+
+    for parser in (head, join):
+        parser.add_argument("--num-gpus", required=True, metavar="N", help="GPUs this node offers")
+        parser.add_argument("--resources", metavar="JSON", help="custom resources, e.g. '{\"h100\": 8}'")
+
+    status = actions.add_parser("status", help="the cluster's nodes, from Ray", allow_abbrev=False)
+    status.add_argument("--head", required=True, metavar="ADDR:PORT", help="the head's GCS address")
+    status.set_defaults(handler=cmd_status)
+
+    stop = actions.add_parser("stop", help="stop Ray on this machine", allow_abbrev=False)
+    stop.set_defaults(handler=cmd_stop)
+
+    for parser in (head, join, status, stop):
+        parser.add_argument("--store", metavar="PATH", help="store directory (default: the machine's)")

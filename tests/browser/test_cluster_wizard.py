@@ -1,0 +1,54 @@
+"""The Create a cluster wizard in Chromium, on the lab: pick, test the networks, create, watch it start."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from clusters import images
+from machines.services import machine_create
+
+pytestmark = [pytest.mark.browser, pytest.mark.lab, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def three_machines(lab, lab_dir, lab_machine):
+    built = subprocess.run([sys.executable, "-m", "lab", "images", "--size-mib", "48", "--out", f"{lab_dir}/images"],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    for line in built.stdout.split():
+        images.runtime_image_import(path=Path(line))
+    return [
+        machine_create(name=name, address=lab_machine(name)["address"], host_key_fingerprint=lab_machine(name)["host_key_fingerprint"])
+        for name in ("lab-a", "lab-b", "lab-c")
+    ]
+
+
+def test_the_wizard_creates_a_cluster_on_the_suggested_network_and_the_bars_fill(page, three_machines):
+    page.goto("/clusters/new/")
+    page.fill("#cluster-name", "gpu-room")
+    page.click("#wizard button[type=submit]")
+    for machine in three_machines:
+        expect(page.locator(f"input[name=machines][value='{machine.pk}']")).to_be_enabled()
+        page.check(f"input[name=machines][value='{machine.pk}']")
+    expect(page.locator("#wizard")).to_contain_text("runs NVIDIA x86_64 Runtime 2.x")
+    page.go_back()  # the back button returns to the last selection, not to an empty form
+    page.go_forward()
+    page.click("#wizard button[value=network]")
+
+    # The test starts by itself; the results stream in and fabric is suggested.
+    suggested = page.locator("#wizard-networks tr", has=page.locator(".tag", has_text="suggested"))
+    expect(suggested).to_contain_text("198.18.1.0/24", timeout=60000)
+    expect(page.locator("#wizard-networks")).to_contain_text("carries management traffic")
+    expect(page.locator("#wizard-networks")).to_contain_text("VPN interface")
+    page.click("text=Create cluster")
+
+    page.wait_for_url(re.compile(r"/clusters/\d+/$"))
+    expect(page.locator("#cluster-header .badge")).to_have_text(re.compile("Starting|Running"))
+    expect(page.locator("#cluster-members .bar").first).to_be_visible(timeout=30000)
+    expect(page.locator("#cluster-members")).to_contain_text("from the server")
+    expect(page.locator("#cluster-header .badge")).to_have_text("Running", timeout=180000)
+    expect(page.locator("#cluster-status")).to_contain_text("20")
+    expect(page.locator("#cluster-members .image-percent").first).to_have_text("100%")

@@ -1,0 +1,159 @@
+"""Starting clusters on the lab: the image machine to machine over the cluster's network, then real Ray."""
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from clusters import images, services
+from clusters.choices import ClusterState, MemberState
+from clusters.models import Cluster
+from machines import remote
+from machines.models import Machine
+from machines.services import machine_create, machine_target
+from tests.lab_fixtures import lab_fault
+
+pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
+
+FABRIC = "198.18.1.0/24"
+IMAGE_MIB = 48  # big enough to cut in the middle, small enough for CI
+
+
+@pytest.fixture
+def lab_images(lab, lab_dir, settings):
+    """The lab's runtime image builds, imported into the console (x86_64 and aarch64 NVIDIA; none for AMD)."""
+    out = f"{lab_dir}/images"
+    built = subprocess.run([sys.executable, "-m", "lab", "images", "--size-mib", str(IMAGE_MIB), "--out", out],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    return [images.runtime_image_import(path=__import__("pathlib").Path(line.split()[-1]))
+            for line in built.stdout.splitlines() if line.strip().endswith(".img")]
+
+
+@pytest.fixture
+def enrolled(lab_machine, console_url, lab_images):
+    """Enrol the named lab machines; stop whatever Ray they run when the test ends."""
+    machines = []
+
+    def enrol(*names):
+        for name in names:
+            spec = lab_machine(name)
+            machine = machine_create(name=name, address=spec["address"], ssh_port=22, ssh_user="root",
+                                     host_key_fingerprint=spec["host_key_fingerprint"])
+            machine.refresh_from_db()
+            assert machine.state == "healthy", machine.state_reason
+            machines.append(machine)
+        return machines
+
+    yield enrol
+    # Leave the machines as the next test expects them: no Ray, no image in the store.
+    for machine in Machine.objects.filter(pk__in=[m.pk for m in machines]):
+        with remote.connect(machine_target(machine)) as conn:
+            remote.run_agent(conn, machine.agent_command("ray", "stop"), timeout=60)
+            remote.run_agent(conn, machine.agent_command("image", "serve", "stop"), timeout=60)
+            remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/images", "/var/lib/fadenstack/runtime"])
+
+
+def ray_nodes(head: Machine, address: str) -> list[dict]:
+    with remote.connect(machine_target(head)) as conn:
+        return remote.run_agent(conn, head.agent_command("ray", "status", "--head", f"{address}:6379"), timeout=60)["nodes"]
+
+
+def test_three_machines_on_fabric_reach_running_with_twenty_accelerators(enrolled):
+    a, b, c = enrolled("lab-a", "lab-b", "lab-c")
+
+    cluster = services.cluster_create(name="gpu-room", machine_ids=[a.pk, b.pk, c.pk], head_id=a.pk, network=FABRIC)
+
+    cluster.refresh_from_db()
+    assert cluster.state == ClusterState.RUNNING, cluster.state_reason
+    members = {m.machine.name: m for m in cluster.members.select_related("machine")}
+    assert {m.state for m in members.values()} == {MemberState.JOINED}
+    assert sum(m.accelerators_in_ray for m in members.values()) == 20
+    assert members["lab-a"].image_source == "the server"
+    assert members["lab-b"].image_source.startswith("lab-a (198.18.1.11)")
+    assert members["lab-c"].image_source.startswith("lab-b (198.18.1.12)")
+    nodes = [n for n in ray_nodes(a, "198.18.1.11") if n["alive"]]
+    assert sorted(n["address"] for n in nodes) == ["198.18.1.11", "198.18.1.12", "198.18.1.13"]
+
+
+def test_a_transfer_cut_in_the_middle_resumes_with_at_most_one_chunk_sent_again(enrolled):
+    a, b = enrolled("lab-a", "lab-b")
+    done = threading.Event()
+
+    def start():
+        try:
+            services.cluster_create(name="resume", machine_ids=[a.pk, b.pk], head_id=a.pk, network=FABRIC)
+        finally:
+            done.set()
+
+    threading.Thread(target=start).start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        member = Cluster.objects.filter(name="resume").first()
+        member = member and member.members.filter(machine=b).first()
+        if member and member.image_bytes_total and member.image_bytes_done > member.image_bytes_total * 0.3:
+            break
+        time.sleep(0.05)
+    lab_fault("lab-b", "link-down", "fabric")
+    time.sleep(3)
+    lab_fault("lab-b", "link-up", "fabric")
+    assert done.wait(300)
+
+    cluster = Cluster.objects.get(name="resume")
+    assert cluster.state == ClusterState.RUNNING, cluster.state_reason
+    member = cluster.members.get(machine=b)
+    image = member.runtime_image
+    assert image.size_bytes <= member.image_bytes_fetched <= image.size_bytes + image.chunk_size
+
+
+def test_a_machine_without_room_says_how_much_is_needed_and_writes_nothing(enrolled):
+    (c,) = enrolled("lab-c")
+    lab_fault("lab-c", "disk-full")
+    try:
+        cluster = services.cluster_create(name="no-room", machine_ids=[c.pk], head_id=c.pk, network=FABRIC)
+    finally:
+        lab_fault("lab-c", "disk-free")
+
+    cluster.refresh_from_db()
+    assert cluster.state == ClusterState.WAITING
+    assert "Needs" in cluster.state_reason and "free in /var/lib/fadenstack" in cluster.state_reason
+    with remote.connect(machine_target(c)) as conn:
+        listing = remote.run(conn, ["ls", "-A", "/var/lib/fadenstack/images"]).stdout
+    assert ".part" not in listing and ".img" not in listing
+
+
+def test_a_port_taken_waits_for_try_again_which_succeeds_once_it_is_freed(enrolled):
+    (a,) = enrolled("lab-a")
+    lab_fault("lab-a", "port-taken", "6379")
+    try:
+        cluster = services.cluster_create(name="port", machine_ids=[a.pk], head_id=a.pk, network=FABRIC)
+        cluster.refresh_from_db()
+        assert cluster.state == ClusterState.WAITING
+        assert "Address already in use" in cluster.state_reason
+    finally:
+        lab_fault("lab-a", "port-free", "6379")
+
+    services.cluster_retry(cluster=cluster)
+
+    cluster.refresh_from_db()
+    assert cluster.state == ClusterState.RUNNING, cluster.state_reason
+
+
+def test_lab_e_is_refused_in_the_wizard_and_over_the_api(enrolled, admin_client):
+    a, e = enrolled("lab-a", "lab-e")
+
+    with pytest.raises(ValidationError) as refused:
+        services.cluster_create(name="amd", machine_ids=[a.pk, e.pk], head_id=a.pk, network="198.18.0.0/24")
+    assert "No certified runtime image runs on lab-e" in " ".join(refused.value.messages)
+
+    page = admin_client.get(f"/clusters/new/?step=machines&name=amd&machines={a.pk},{e.pk}")
+    assert "No certified runtime image runs on lab-e" in page.content.decode()
+
+    response = admin_client.post("/api/clusters/", {"name": "amd", "machines": [a.pk, e.pk], "head": a.pk,
+                                                     "network": "198.18.0.0/24"}, content_type="application/json")
+    assert response.status_code == 400
+    assert "No certified runtime image runs on lab-e" in json.dumps(response.json())
+    assert not Cluster.objects.exists()
