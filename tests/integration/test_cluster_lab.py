@@ -157,3 +157,22 @@ def test_lab_e_is_refused_in_the_wizard_and_over_the_api(enrolled, admin_client)
     assert response.status_code == 400
     assert "No certified runtime image runs on lab-e" in json.dumps(response.json())
     assert not Cluster.objects.exists()
+
+
+def test_the_same_through_the_api_with_two_platforms(enrolled, api_client):
+    a, d = enrolled("lab-a", "lab-d")
+
+    networks = api_client.get(f"/api/clusters/networks/?machines={a.pk},{d.pk}").json()
+    assert networks["suggested"] == FABRIC
+    created = api_client.post("/api/clusters/", {"name": "mixed", "machines": [a.pk, d.pk], "head": a.pk,
+                                                  "network": networks["suggested"]}, format="json")
+    assert created.status_code == 201, created.json()
+
+    cluster = api_client.get(f"/api/clusters/{created.json()['id']}/").json()
+    assert cluster["state"] == "running", cluster["state_reason"]
+    assert cluster["machines_up"] == 2 and cluster["accelerators"] == 12 and cluster["free_accelerators"] == 12
+    members = {m["name"]: m for m in cluster["members"]}
+    # Another architecture: another build, and each build leaves the server once.
+    assert members["lab-a"]["runtime_image"] != members["lab-d"]["runtime_image"]
+    assert members["lab-a"]["image_source"] == members["lab-d"]["image_source"] == "the server"
+    assert all(m["image_bytes_done"] == m["image_bytes_total"] > 0 for m in members.values())
