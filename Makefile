@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || "$$(scripts/find-python)" -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,lab]'
 	touch $@
 
 ## The console on this host: SQLite and a Redis of its own unless DATABASE_URL / REDIS_URL say otherwise.
