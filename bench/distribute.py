@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""The runtime image to N lab machines: the console's chain against the naive way.
+
+    sudo .venv/bin/python bench/distribute.py              # 4 machines, 256 MiB image
+    sudo .venv/bin/python bench/distribute.py --machines 6 --size-mib 128
+
+The server's own link is shaped to --server-mbit (the bridge's egress: every
+byte the server sends goes through it), the fabric to --fabric-mbit per
+machine. It enrols N machines, imports a lab build of the image, then times
+
+- the chain: the console's distribution (one copy from the server, then machine
+  to machine over the fabric, forwarded as it arrives);
+- the naive way: every machine fetches its copy from the server.
+
+For each it prints the time from the start to every machine verified, the
+limit (one copy over the slowest link on the way plus the pipeline's fill:
+one window per hop), their ratio, and the bytes the server sent.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+MiB = 1 << 20
+
+
+def sh(*argv: str, check: bool = True) -> str:
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def lab(*args: str) -> str:
+    return sh(sys.executable, "-m", "lab", *args)
+
+
+def write_spec(path: Path, machines: int, fabric_mbit: int) -> None:
+    lines = [
+        '[[networks]]\nname = "mgmt"\nsubnet = "198.18.0.0/24"\ninterface = "eth0"\nrate_mbit = 1000\nmanagement = true\n',
+        f'[[networks]]\nname = "fabric"\nsubnet = "198.18.1.0/24"\ninterface = "eth1"\nrate_mbit = {fabric_mbit}\n',
+        '[defaults]\narch = "x86_64"\nnetworks = ["mgmt", "fabric"]\n'
+        'accelerators = [{ vendor = "nvidia", model = "NVIDIA H100 80GB HBM3", count = 8, memory_mib = 81559 }]\n',
+    ]
+    lines += [f'[[machines]]\nname = "lab-{i:02d}"\n' for i in range(1, machines + 1)]
+    path.write_text("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--machines", type=int, default=4)
+    parser.add_argument("--size-mib", type=int, default=256)
+    parser.add_argument("--server-mbit", type=int, default=200)
+    parser.add_argument("--fabric-mbit", type=int, default=400)
+    args = parser.parse_args()
+
+    data_dir = Path(tempfile.mkdtemp(prefix="fadenstack-bench-"))
+    port = 8790
+    os.environ.update(
+        FADEN_DATA_DIR=str(data_dir),
+        DATABASE_URL=f"sqlite:///{data_dir}/bench.sqlite3",
+        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"),
+        FADEN_CONSOLE_URL=f"http://198.18.0.1:{port}",
+        FADEN_CELERY_EAGER="1",
+        DJANGO_SETTINGS_MODULE="console.settings",
+        FADEN_LOG_LEVEL="WARNING",
+    )
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from clusters import images, starting
+    from clusters.models import Cluster, ClusterMember
+    from console.jobs import JobContext, job_create
+    from machines import remote
+    from machines.remote import console_key_path, console_public_key
+    from machines.services import machine_create, machine_target
+
+    call_command("migrate", verbosity=0)
+    console_public_key()
+    spec = data_dir / "spec.toml"
+    write_spec(spec, args.machines, args.fabric_mbit)
+    lab("down")
+    lab("up", "--spec", str(spec), "--authorized-key", str(console_key_path().with_suffix(".pub")))
+    web = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "198.18.0.1", "-p", str(port), "console.asgi:application"],
+                           cwd=ROOT, stderr=subprocess.DEVNULL)
+    # The server's link: everything the console sends to the machines leaves through the bridge.
+    sh("tc", "qdisc", "replace", "dev", "flb-mgmt", "root", "tbf", "rate", f"{args.server_mbit}mbit",
+       "burst", "256kb", "latency", "100ms")
+    try:
+        status = json.loads(lab("status", "--json"))["machines"]
+        machines = [machine_create(name=m["name"], address=m["address"], host_key_fingerprint=m["host_key_fingerprint"])
+                    for m in status]
+        image_path = lab("images", "--size-mib", str(args.size_mib), "--out", str(data_dir / "images")).split()[0]
+        image = images.runtime_image_import(path=Path(image_path))
+        cluster = Cluster.objects.create(name="bench", network="198.18.1.0/24")
+        members = [ClusterMember.objects.create(cluster=cluster, machine=m, role="head" if i == 0 else "worker",
+                                                address=m.address.replace("198.18.0.", "198.18.1."), runtime_image=image)
+                   for i, m in enumerate(machines)]
+
+        def clear_stores() -> None:
+            for m in machines:
+                with remote.connect(machine_target(m)) as conn:
+                    remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/images"])
+            ClusterMember.objects.update(image_bytes_done=0, image_bytes_fetched=0)
+
+        # The chain, as a cluster start does it.
+        clear_stores()
+        job = job_create(kind="bench", title="bench", target_type="cluster", target_id=cluster.pk, steps=["image"])
+        ctx = JobContext(job, on_change=lambda j: None)
+        fresh = list(ClusterMember.objects.filter(cluster=cluster).select_related("machine", "runtime_image").order_by("machine__name"))
+        started = time.monotonic()
+        with starting.ProgressBoard(cluster) as board:
+            starting._distribute(ctx, cluster, fresh, fresh[0], board)
+        chain_seconds = time.monotonic() - started
+        fetched = {m.machine.name: m.image_bytes_fetched for m in ClusterMember.objects.select_related("machine")}
+        chain_server_bytes = fetched[machines[0].name]
+
+        # The naive way: every machine from the server.
+        clear_stores()
+        token = images.image_download_token(digest=image.digest, cluster_id=cluster.pk)
+        spec_json = json.dumps({"digest": image.digest, "size": image.size_bytes, "chunk_size": image.chunk_size,
+                                "chunk_hashes": image.chunk_hashes,
+                                "source": {"url": f"http://198.18.0.1:{port}/agent/images/{image.digest}/", "token": token}})
+
+        def naive_fetch(machine) -> int:
+            with remote.connect(machine_target(machine)) as conn:
+                result = remote.run_agent(conn, machine.agent_command("image", "fetch"), stdin=spec_json.encode(), timeout=3600)
+            return int(result["bytes_fetched"])
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(len(machines)) as pool:
+            naive_server_bytes = sum(pool.map(naive_fetch, machines))
+        naive_seconds = time.monotonic() - started
+    finally:
+        sh("tc", "qdisc", "del", "dev", "flb-mgmt", "root", check=False)
+        web.terminate()
+        web.wait(timeout=30)
+        lab("down")
+
+    size = image.size_bytes
+    bits = size * 8 / 1e6  # megabits in one copy
+    fill = (args.machines - 1) * starting_window(image.chunk_size) * 8 / 1e6 / args.fabric_mbit
+    chain_limit = bits / min(args.server_mbit, args.fabric_mbit) + fill
+    naive_limit = bits * args.machines / args.server_mbit
+    print(f"{args.machines} machines, image {size / MiB:.0f} MiB, server link {args.server_mbit} Mbit/s, "
+          f"fabric {args.fabric_mbit} Mbit/s")
+    print(f"chain: {chain_seconds:6.1f} s to every machine verified; limit {chain_limit:.1f} s "
+          f"(one copy {bits / min(args.server_mbit, args.fabric_mbit):.1f} s + fill {fill:.1f} s); "
+          f"ratio {chain_seconds / chain_limit:.2f}; server sent {chain_server_bytes / MiB:.0f} MiB "
+          f"({chain_server_bytes / size:.2f} copies)")
+    print(f"naive: {naive_seconds:6.1f} s to every machine verified; limit {naive_limit:.1f} s; "
+          f"ratio {naive_seconds / naive_limit:.2f}; server sent {naive_server_bytes / MiB:.0f} MiB "
+          f"({naive_server_bytes / size:.2f} copies)")
+
+
+def starting_window(chunk_size: int) -> int:
+    """What a machine must hold before the next can start: one verified chunk."""
+    return chunk_size
+
+
+if __name__ == "__main__":
+    main()
