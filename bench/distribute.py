@@ -102,9 +102,9 @@ def main() -> None:
         image_path = lab("images", "--size-mib", str(args.size_mib), "--out", str(data_dir / "images")).split()[0]
         image = images.runtime_image_import(path=Path(image_path))
         cluster = Cluster.objects.create(name="bench", network="198.18.1.0/24")
-        members = [ClusterMember.objects.create(cluster=cluster, machine=m, role="head" if i == 0 else "worker",
-                                                address=m.address.replace("198.18.0.", "198.18.1."), runtime_image=image)
-                   for i, m in enumerate(machines)]
+        for i, m in enumerate(machines):
+            ClusterMember.objects.create(cluster=cluster, machine=m, role="head" if i == 0 else "worker",
+                                         address=m.address.replace("198.18.0.", "198.18.1."), runtime_image=image)
 
         def clear_stores() -> None:
             for m in machines:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from django.conf import settings
 from django.db import close_old_connections, connections, transaction
 from django.db.models import F
 
