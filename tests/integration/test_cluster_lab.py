@@ -176,3 +176,40 @@ def test_the_same_through_the_api_with_two_platforms(enrolled, api_client):
     assert members["lab-a"]["runtime_image"] != members["lab-d"]["runtime_image"]
     assert members["lab-a"]["image_source"] == members["lab-d"]["image_source"] == "the server"
     assert all(m["image_bytes_done"] == m["image_bytes_total"] > 0 for m in members.values())
+
+
+def test_a_machine_that_loses_power_in_the_middle_does_not_leave_the_start_stuck(enrolled):
+    from machines.services import machines_mark_offline
+
+    a, b = enrolled("lab-a", "lab-b")
+    done = threading.Event()
+
+    def start():
+        try:
+            services.cluster_create(name="power", machine_ids=[a.pk, b.pk], head_id=a.pk, network=FABRIC)
+        finally:
+            done.set()
+
+    threading.Thread(target=start).start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        cluster = Cluster.objects.filter(name="power").first()
+        member = cluster and cluster.members.filter(machine=b).first()
+        if member and member.image_bytes_done > 0:
+            break
+        time.sleep(0.05)
+    lab_fault("lab-b", "power-off")
+    try:
+        # Beat's job in production: machines without a heartbeat for 30 s read Offline.
+        while not done.wait(2):
+            machines_mark_offline()
+            assert time.monotonic() < deadline + 90, "the start is stuck on a machine that lost power"
+    finally:
+        lab_fault("lab-b", "power-on")
+
+    cluster = Cluster.objects.get(name="power")
+    member = cluster.members.get(machine=b)
+    assert member.state == MemberState.FAILED
+    assert "lab-b went offline" in member.state_reason
+    assert cluster.state == ClusterState.RUNNING  # the head runs; the totals say one machine is missing
+    assert cluster.members.get(machine=a).state == MemberState.JOINED
