@@ -282,12 +282,14 @@ def _check_with_ray(cluster: Cluster, head: ClusterMember, members: list[Cluster
     if head.address not in alive:
         raise JobError(f"Ray on {head.machine.name} does not list the head as alive.")
     joined = []
+    # Failures recorded by worker threads went to the database, not to these objects.
+    failed = set(ClusterMember.objects.filter(cluster=cluster, state=MemberState.FAILED).values_list("pk", flat=True))
     for member in members:
         node = alive.get(member.address)
         if node:
             _set_member(member, state=MemberState.JOINED, state_reason="", ray_node_id=node.get("node_id", "")[:64],
                         accelerators_in_ray=int(node.get("gpus") or 0))
             joined.append(member)
-        elif member.state != MemberState.FAILED:
+        elif member.pk not in failed:
             _set_member(member, state=MemberState.FAILED, state_reason=f"Ray on the head does not list {member.machine.name} ({member.address}).")
     return joined

@@ -210,6 +210,8 @@ def test_a_machine_that_loses_power_in_the_middle_does_not_leave_the_start_stuck
     cluster = Cluster.objects.get(name="power")
     member = cluster.members.get(machine=b)
     assert member.state == MemberState.FAILED
-    assert "lab-b went offline" in member.state_reason
+    # Its own words: cut off mid-command it "went offline", at a new command it "did not answer".
+    assert member.state_reason.startswith("lab-b")
+    assert any(words in member.state_reason for words in ("went offline", "did not answer", "Could not connect"))
     assert cluster.state == ClusterState.RUNNING  # the head runs; the totals say one machine is missing
     assert cluster.members.get(machine=a).state == MemberState.JOINED
