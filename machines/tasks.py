@@ -7,7 +7,7 @@ from machines import enrolment, services
 
 
 def _push_job(job: Job) -> None:
-    services.live.push(f"machine:{job.target_id}")
+    services.live.push(f"machine:{job.target_id}", part="job")  # the job's card only: steps come often
 
 
 @shared_task(acks_late=True)

@@ -186,6 +186,9 @@ def render_machine_topic(arg: str, part: str) -> list[str]:
     machine = Machine.objects.filter(pk=int(arg)).first()
     if machine is None:
         return []
+    if part == "job":
+        job = Job.objects.filter(target_type="machine", target_id=machine.pk).first()
+        return [render_to_string("machines/machine_detail.html#job", {"machine": machine, "job": job, "oob": True})]
     return [render_to_string("machines/machine_detail.html#live", machine_cards(machine) | {"oob": True})]
 
 
