@@ -81,6 +81,7 @@ def main() -> None:
     from clusters.models import Cluster, ClusterMember
     from console.jobs import JobContext, job_create
     from machines import remote
+    from machines.models import Machine
     from machines.remote import console_key_path, console_public_key
     from machines.services import machine_create, machine_target
 
@@ -90,15 +91,17 @@ def main() -> None:
     write_spec(spec, args.machines, args.fabric_mbit)
     lab("down")
     lab("up", "--spec", str(spec), "--authorized-key", str(console_key_path().with_suffix(".pub")))
-    web = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "198.18.0.1", "-p", str(port), "console.asgi:application"],
+    web = subprocess.Popen([sys.executable, "-m", "daphne", "-v", "0", "-b", "198.18.0.1", "-p", str(port), "console.asgi:application"],
                            cwd=ROOT, stderr=subprocess.DEVNULL)
     # The server's link: everything the console sends to the machines leaves through the bridge.
     sh("tc", "qdisc", "replace", "dev", "flb-mgmt", "root", "tbf", "rate", f"{args.server_mbit}mbit",
        "burst", "256kb", "latency", "100ms")
     try:
         status = json.loads(lab("status", "--json"))["machines"]
-        machines = [machine_create(name=m["name"], address=m["address"], host_key_fingerprint=m["host_key_fingerprint"])
-                    for m in status]
+        for m in status:
+            machine_create(name=m["name"], address=m["address"], host_key_fingerprint=m["host_key_fingerprint"])
+        machines = list(Machine.objects.order_by("name"))
+        assert all(m.state == "healthy" for m in machines), [(m.name, m.state_reason) for m in machines]
         image_path = lab("images", "--size-mib", str(args.size_mib), "--out", str(data_dir / "images")).split()[0]
         image = images.runtime_image_import(path=Path(image_path))
         cluster = Cluster.objects.create(name="bench", network="198.18.1.0/24")
