@@ -225,6 +225,9 @@ def clusters_retry_due(*, now=None) -> list[int]:
 
 def cluster_start_failed(*, cluster: Cluster, message: str, kind: str) -> None:
     """Decide from the error's kind: wait for a person, or retry after a growing pause."""
+    message = message.rstrip()
+    if message and message[-1] not in ".!?":
+        message += "."
     if kind == "not_retryable":
         cluster_transition(
             cluster=cluster, to=ClusterState.WAITING, reason=f"This will not change by retrying: {message} Fix it, then select Try again."

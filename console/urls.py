@@ -11,6 +11,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("machines/", include("machines.urls")),
     path("clusters/", include("clusters.urls")),
+    path("deployments/", include("deployments.urls")),
     path("agent/heartbeat/", views.agent_heartbeat, name="agent-heartbeat"),
     path("agent/images/<str:digest>/", runtime_image_download, name="agent-image-download"),
     path("api/", include("console.api_urls")),

@@ -1,0 +1,7 @@
+from django.urls import path
+
+from deployments import views
+
+app_name = "deployments"
+
+urlpatterns = [path("", views.deployment_list, name="list")]
