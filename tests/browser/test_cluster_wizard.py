@@ -39,7 +39,9 @@ def test_the_wizard_creates_a_cluster_on_the_suggested_network_and_the_bars_fill
     expect(page.locator("input[name=machines]:checked").first).to_be_visible()
     for machine in three_machines:
         page.check(f"input[name=machines][value='{machine.pk}']")
+    # Ticks in quick succession: each request carries the whole form and replaces the one in flight.
     expect(page.locator("input[name=machines]:checked")).to_have_count(3)
+    expect(page.locator("#wizard")).to_contain_text("Head")
     page.click("#wizard button[value=network]")
 
     # The test starts by itself; the results stream in and fabric is suggested.
