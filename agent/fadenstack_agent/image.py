@@ -22,7 +22,7 @@ import urllib.parse
 from . import imagestore
 from .imagestore import DIGEST_RE, ImageFiles, check_digest, human
 from .paths import atomic_write, store_dir
-from .protocol import BAD_INPUT, NOT_RETRYABLE, RETRYABLE, AgentError
+from .protocol import BAD_INPUT, NOT_RETRYABLE, RETRYABLE, AgentError, needs_action
 
 ACTIONS = ("fetch", "verify", "load", "list", "serve")
 SPEC_WAIT = 30.0
@@ -237,12 +237,6 @@ def cmd_list(args, out) -> int:
 # ------------------------------------------------------------------ the command line
 
 
-def needs_action(name, known):
-    def handler(args, out):
-        raise AgentError(BAD_INPUT, "%s needs an action (known: %s)" % (name, ", ".join(known)))
-    return handler
-
-
 def add_commands(sub, parser_class) -> None:
     """Add ``image ...`` to the agent's command line (each parser sets ``handler``)."""
     from . import imageserve
@@ -260,4 +254,4 @@ def add_commands(sub, parser_class) -> None:
         if digest:
             parser.add_argument("--digest", required=True, metavar="SHA256", help="the image's sha256")
         parser.set_defaults(handler=handler)
-    imageserve.add_commands(actions, parser_class, needs_action)
+    imageserve.add_commands(actions, parser_class)

@@ -32,7 +32,7 @@ from . import daemon, get_version
 from .imagestore import available
 from .install import Launch
 from .paths import Layout, atomic_write, store_dir
-from .protocol import ADDRESS_IN_USE, BAD_INPUT, NOT_RETRYABLE, RETRYABLE, AgentError
+from .protocol import ADDRESS_IN_USE, BAD_INPUT, NOT_RETRYABLE, RETRYABLE, AgentError, needs_action
 
 ACTIONS = ("start", "stop", "status", "run")
 DEFAULT_PORT = 7470
@@ -380,7 +380,7 @@ def cmd_run(args, out) -> int:
         daemon.unlock(lock)
 
 
-def add_commands(actions, parser_class, needs_action) -> None:
+def add_commands(actions, parser_class) -> None:
     """Add ``image serve ...`` under the ``image`` parser's actions."""
     serve = actions.add_parser("serve", help="the image server daemon", allow_abbrev=False)
     serve.set_defaults(handler=needs_action("image serve", ACTIONS))

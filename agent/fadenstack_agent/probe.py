@@ -201,7 +201,7 @@ def cmd_send(args, out) -> int:
 
 def add_commands(sub, parser_class) -> None:
     """Add ``probe serve|send`` to the agent's command line."""
-    from .image import needs_action
+    from .protocol import needs_action
 
     probe = sub.add_parser("probe", help="bandwidth and reachability to another machine", allow_abbrev=False)
     probe.set_defaults(handler=needs_action("probe", ACTIONS))

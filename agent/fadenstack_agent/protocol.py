@@ -85,3 +85,10 @@ class Emitter:
         self.finished = True
         self.emit("error", kind=kind, message=message)
         return EXIT_BAD_INPUT if kind == BAD_INPUT else EXIT_ERROR
+
+
+def needs_action(name, known):
+    """The handler of a command group run without its action (``image`` alone): a bad_input error."""
+    def handler(args, out):
+        raise AgentError(BAD_INPUT, "%s needs an action (known: %s)" % (name, ", ".join(known)))
+    return handler

@@ -334,7 +334,7 @@ def cmd_stop(args, out) -> int:
 
 def add_commands(sub, parser_class) -> None:
     """Add ``ray start-head|join|status|stop`` (each parser sets ``handler``)."""
-    from .runtime import needs_action
+    from .protocol import needs_action
 
     ray = sub.add_parser("ray", help="Ray on this machine", allow_abbrev=False)
     ray.set_defaults(handler=needs_action("ray", ACTIONS))

@@ -35,7 +35,7 @@ import re
 import time
 
 from .paths import atomic_write, load_machine_config, store_dir
-from .protocol import BAD_INPUT, NOT_RETRYABLE, AgentError
+from .protocol import BAD_INPUT, NOT_RETRYABLE, AgentError, needs_action
 
 ACTIONS = ("start", "stop", "status")
 DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -258,12 +258,6 @@ def cmd_status(args, out) -> int:
 
 
 # ------------------------------------------------------------------ the command line
-
-
-def needs_action(name, known):
-    def handler(args, out):
-        raise AgentError(BAD_INPUT, "%s needs an action (known: %s)" % (name, ", ".join(known)))
-    return handler
 
 
 def add_commands(sub, parser_class) -> None:
