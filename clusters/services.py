@@ -18,6 +18,7 @@ from clusters.choices import CLUSTER_TRANSITIONS, ClusterState, MemberState, Rol
 from clusters.models import Cluster, ClusterMember, NetworkMeasurement, RuntimeImage
 from console import live
 from console.jobs import job_create
+from console.lifecycle import transition
 from console.models import Job
 from machines.models import Machine
 
@@ -25,30 +26,14 @@ START_STEPS = ["Get the runtime image", "Load the image", "Start Ray on the head
 _NAME_CHARS = re.compile(r"[a-z0-9-]+")
 
 
-class InvalidTransition(Exception):
-    pass
-
-
 def cluster_changed(cluster: Cluster, part: str = "") -> None:
     live.push(f"cluster:{cluster.pk}", part=part)
     live.push("clusters", part=str(cluster.pk))
 
 
-def cluster_transition(*, cluster: Cluster, to: str, reason: str = "") -> None:
+def cluster_transition(*, cluster: Cluster, to: str, reason: str = "") -> bool:
     """The one way a cluster changes state: checked against the table, saved, pushed."""
-    if cluster.state == to:
-        if reason != cluster.state_reason:
-            cluster.state_reason = reason
-            cluster.save(update_fields=["state_reason"])
-            cluster_changed(cluster)
-        return
-    if to not in CLUSTER_TRANSITIONS[cluster.state]:
-        raise InvalidTransition(f"{cluster.name} cannot go from {cluster.get_state_display()} to {ClusterState(to).label}.")
-    cluster.state = to
-    cluster.state_reason = reason
-    cluster.state_changed_at = timezone.now()
-    cluster.save(update_fields=["state", "state_reason", "state_changed_at"])
-    cluster_changed(cluster)
+    return transition(cluster, to=to, allowed=CLUSTER_TRANSITIONS, reason=reason, on_change=lambda: cluster_changed(cluster))
 
 
 # -- what the wizard shows ----------------------------------------------------------------

@@ -19,6 +19,7 @@ from django.utils.timesince import timesince
 
 from console import live
 from console.jobs import job_create
+from console.lifecycle import InvalidTransition, transition  # noqa: F401 - InvalidTransition is part of this API
 from console.models import Job
 from machines import remote
 from machines.choices import TRANSITIONS, EventKind, InterfaceKind, MachineState
@@ -27,10 +28,6 @@ from machines.models import Accelerator, Machine, MachineEvent, NetworkInterface
 log = logging.getLogger(__name__)
 
 ENROL_STEPS = ["Connect", "Check Python", "Install the agent", "Read facts", "Start the heartbeat"]
-
-
-class InvalidTransition(Exception):
-    pass
 
 
 def machine_changed(machine: Machine) -> None:
@@ -48,23 +45,12 @@ def machine_transition(*, machine: Machine, to: str, reason: str = "") -> bool:
 
     Returns False when the machine is already in that state (only the reason is refreshed).
     """
-    if machine.state == to:
-        if reason != machine.state_reason:
-            machine.state_reason = reason
-            machine.save(update_fields=["state_reason"])
-            machine_changed(machine)
-        return False
-    if to not in TRANSITIONS[machine.state]:
-        raise InvalidTransition(f"{machine.name} cannot go from {machine.get_state_display()} to {MachineState(to).label}.")
     before = machine.get_state_display()
-    machine.state = to
-    machine.state_reason = reason
-    machine.state_changed_at = timezone.now()
-    machine.save(update_fields=["state", "state_reason", "state_changed_at"])
-    message = f"{before} → {machine.get_state_display()}" + (f": {reason}" if reason else "")
-    machine_event(machine=machine, kind=EventKind.STATE, message=message)
-    machine_changed(machine)
-    return True
+    changed = transition(machine, to=to, allowed=TRANSITIONS, reason=reason, on_change=lambda: machine_changed(machine))
+    if changed:
+        message = f"{before} → {machine.get_state_display()}" + (f": {reason}" if reason else "")
+        machine_event(machine=machine, kind=EventKind.STATE, message=message)
+    return changed
 
 
 def machine_target(machine: Machine) -> remote.Target:
