@@ -35,6 +35,7 @@ def test_the_wizard_creates_a_cluster_on_the_suggested_network_and_the_bars_fill
         page.check(f"input[name=machines][value='{machine.pk}']")
     expect(page.locator("#wizard")).to_contain_text("runs NVIDIA x86_64 Runtime 2.x")
     page.go_back()  # the back button shows an earlier selection from the URL, not an empty form
+    page.wait_for_load_state("networkidle")  # htmx fetches the earlier step from its URL
     expect(page.locator(".wizard-steps .is-current")).to_have_text("Pick machines")
     expect(page.locator("input[name=machines]:checked").first).to_be_visible()
     for machine in three_machines:
@@ -43,6 +44,7 @@ def test_the_wizard_creates_a_cluster_on_the_suggested_network_and_the_bars_fill
     expect(page.locator("input[name=machines]:checked")).to_have_count(3)
     expect(page.locator("#wizard")).to_contain_text("Head")
     page.click("#wizard button[value=network]")
+    expect(page.locator("#wizard")).to_contain_text("The networks all 3 machines share")
 
     # The test starts by itself; the results stream in and fabric is suggested.
     expect(page.locator("#wizard-networks")).to_contain_text("Network test succeeded", timeout=90000)
