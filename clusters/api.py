@@ -1,13 +1,19 @@
-"""REST for clusters: the shared networks and their test, create, read, Try again. Same services as the wizard."""
+"""REST for clusters: the shared networks and their test, create, read, and everything the cluster page
+does (start, stop, Try again, Check now, switch the runtime, change the network, add and remove
+machines, delete) plus its health checks. Same services as the pages; their refusals are 400s with
+the service's own message (console/api.py)."""
 from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.extensions import OpenApiSerializerExtension
+from drf_spectacular.plumbing import build_basic_type, build_object_type
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from clusters import planning, services
+from clusters import planning, policy, services
 from clusters.choices import MemberState
-from clusters.models import Cluster, ClusterMember
+from clusters.models import Cluster, ClusterMember, HealthCheck
 from clusters.views import network_view
 from console.models import Job
 
@@ -20,7 +26,7 @@ class MemberSerializer(serializers.ModelSerializer):
     class Meta:
         model = ClusterMember
         fields = ["machine", "name", "role", "address", "state", "state_reason", "runtime_image",
-                  "image_bytes_done", "image_bytes_total", "image_source", "accelerators_in_ray"]
+                  "image_bytes_done", "image_bytes_total", "image_source", "accelerators_in_ray", "last_status"]
 
 
 class ClusterSerializer(serializers.ModelSerializer):
@@ -34,7 +40,8 @@ class ClusterSerializer(serializers.ModelSerializer):
     class Meta:
         model = Cluster
         fields = ["id", "name", "state", "state_reason", "network", "head", "runtime_image", "machines_up",
-                  "accelerators", "free_accelerators", "members", "created_at"]
+                  "accelerators", "free_accelerators", "members", "restart_attempt", "next_retry_at",
+                  "last_status_at", "created_at"]
 
     def _joined(self, cluster):
         return [m for m in cluster.members.all() if m.state == MemberState.JOINED]
@@ -57,6 +64,63 @@ class ClusterSerializer(serializers.ModelSerializer):
         return self.get_accelerators(cluster)  # nothing is deployed yet
 
 
+class ClusterJobSerializer(ClusterSerializer):
+    """The cluster after an action, and the job that carries it out (null when nothing had to run)."""
+
+    job = serializers.IntegerField(allow_null=True, read_only=True, help_text="The id of the job that carries the action out")
+
+    class Meta(ClusterSerializer.Meta):
+        fields = [*ClusterSerializer.Meta.fields, "job"]
+
+
+class ClusterJobSchema(OpenApiSerializerExtension):
+    """ClusterJob in the schema as Cluster plus ``job`` (allOf), so the cluster's fields and enums are
+    described once (a copy would make drf-spectacular rename ClusterStateEnum)."""
+
+    target_class = ClusterJobSerializer
+
+    def map_serializer(self, auto_schema, direction):
+        cluster = auto_schema.resolve_serializer(ClusterSerializer, direction)
+        job = {**build_basic_type(OpenApiTypes.INT), "nullable": True, "readOnly": True,
+               "description": "The id of the job that carries the action out; null when nothing had to run"}
+        return {"allOf": [cluster.ref, build_object_type(properties={"job": job}, required=["job"])]}
+
+
+class CheckQueuedSerializer(serializers.Serializer):
+    queued = serializers.BooleanField(help_text="A check was queued: GET health-checks/ for what it found")
+
+
+class ChangeNetworkSerializer(serializers.Serializer):
+    network = serializers.CharField(allow_blank=True, help_text="A subnet all the cluster's machines share, as CIDR: 198.18.1.0/24")
+
+
+class AddMachinesSerializer(serializers.Serializer):
+    machines = serializers.ListField(child=serializers.IntegerField(), allow_empty=True, help_text="Machine ids, as in join-candidates/")
+
+
+class HealthCheckSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = HealthCheck
+        fields = ["id", "trigger", "trigger_detail", "outcome", "looked_at", "found", "action", "started_at", "finished_at"]
+
+
+class JoinCandidateSerializer(serializers.Serializer):
+    """A machine outside the cluster, and whether it may join (the Add machines list of the page)."""
+
+    machine = serializers.IntegerField()
+    name = serializers.CharField()
+    state = serializers.CharField()
+    arch = serializers.CharField(allow_blank=True)
+    accelerators = serializers.IntegerField()
+    accelerator_model = serializers.CharField(allow_blank=True)
+    cluster = serializers.CharField(allow_null=True, help_text="The cluster it belongs to, if any")
+    address = serializers.CharField(allow_null=True, help_text="Its address on the cluster's network, if it has one")
+    selectable = serializers.BooleanField()
+    refusal = serializers.CharField(allow_blank=True, help_text="Why it cannot join, when it cannot")
+    warning = serializers.CharField(allow_blank=True)
+    runtime = serializers.CharField(allow_blank=True, help_text="The runtime it would run")
+
+
 class ClusterCreateSerializer(serializers.Serializer):
     name = serializers.CharField(allow_blank=True)
     machines = serializers.ListField(child=serializers.IntegerField(), allow_empty=True)
@@ -76,11 +140,25 @@ def _machine_ids(raw: str) -> list[int]:
         raise serializers.ValidationError({"machines": "Give machine ids separated by commas: ?machines=3,4"}) from None
 
 
+def _address_on(candidate: planning.Candidate, network: str) -> str | None:
+    try:
+        return policy.cluster_address(candidate, network) if network else None
+    except ValueError:
+        return None
+
+
 class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = ClusterSerializer
 
     def get_queryset(self):
         return Cluster.objects.prefetch_related("members__machine", "members__runtime_image")
+
+    def _answer(self, cluster: Cluster, job: Job | None, *, started: int = status.HTTP_202_ACCEPTED,
+                recorded: int = status.HTTP_200_OK) -> Response:
+        """The cluster as it is now, with the job that carries the action out: 202 when a job runs, else 200."""
+        body = ClusterSerializer(self.get_queryset().get(pk=cluster.pk)).data
+        body["job"] = job.pk if job else None
+        return Response(body, status=started if job else recorded)
 
     @extend_schema(request=ClusterCreateSerializer, responses={201: ClusterSerializer})
     def create(self, request):
@@ -93,13 +171,122 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         )
         return Response(ClusterSerializer(self.get_queryset().get(pk=cluster.pk)).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses={202: ClusterSerializer})
+    @extend_schema(request=None, responses={202: ClusterJobSerializer, 204: None})
+    def destroy(self, request, pk=None):
+        """Delete the cluster; its machines stay enrolled. Refused while deployments exist. A stopped cluster
+        (or one whose machines are all offline) goes at once: 204. Otherwise Ray and the runtime stop first:
+        202 with the cluster (Deleting) and the job, and the record goes when the job ends."""
+        cluster = self.get_object()
+        job = services.cluster_delete(cluster=cluster, user=request.user)
+        if job is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return self._answer(cluster, job)
+
+    @extend_schema(request=None, responses={202: ClusterJobSerializer})
     @action(detail=True, methods=["post"])
     def retry(self, request, pk=None):
-        """Try again at once."""
+        """Try again at once (a cluster that waits, retries or failed)."""
         cluster = self.get_object()
-        services.cluster_retry(cluster=cluster, user=request.user)
-        return Response(ClusterSerializer(self.get_queryset().get(pk=cluster.pk)).data, status=status.HTTP_202_ACCEPTED)
+        job = services.cluster_retry(cluster=cluster, user=request.user)
+        return self._answer(cluster, job)
+
+    @extend_schema(request=None, responses={202: ClusterJobSerializer})
+    @action(detail=True, methods=["post"])
+    def start(self, request, pk=None):
+        """Start a stopped cluster on its machines, network and runtime."""
+        cluster = self.get_object()
+        job = services.cluster_start(cluster=cluster, user=request.user)
+        return self._answer(cluster, job)
+
+    @extend_schema(request=None, responses={202: ClusterJobSerializer})
+    @action(detail=True, methods=["post"])
+    def stop(self, request, pk=None):
+        """Stop Ray and the runtime on every machine; machines, network and deployments stay."""
+        cluster = self.get_object()
+        job = services.cluster_stop(cluster=cluster, user=request.user)
+        return self._answer(cluster, job)
+
+    @extend_schema(request=None, responses={202: CheckQueuedSerializer})
+    @action(detail=True, methods=["post"])
+    def check(self, request, pk=None):
+        """Check now: look at a running cluster at once; GET health-checks/ for what the check found."""
+        services.cluster_check_now(cluster=self.get_object(), user=request.user)
+        return Response({"queued": True}, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: ClusterJobSerializer, 200: ClusterJobSerializer})
+    @action(detail=True, methods=["post"], url_path="switch-runtime")
+    def switch_runtime(self, request, pk=None):
+        """Switch every machine to the newest certified build for its kind. A running cluster restarts on
+        it (202 with the job); a stopped one only records it (200, job null) and runs it when it starts."""
+        cluster = self.get_object()
+        job = services.cluster_switch_runtime(cluster=cluster, user=request.user)
+        return self._answer(cluster, job)
+
+    @extend_schema(request=ChangeNetworkSerializer, responses={202: ClusterJobSerializer, 200: ClusterJobSerializer})
+    @action(detail=True, methods=["post"], url_path="change-network")
+    def change_network(self, request, pk=None):
+        """Move the cluster to another network its machines share. A running cluster restarts on it
+        (202 with the job); a stopped one only records it (200, job null)."""
+        data = ChangeNetworkSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        cluster = self.get_object()
+        job = services.cluster_change_network(cluster=cluster, network=data.validated_data["network"], user=request.user)
+        return self._answer(cluster, job)
+
+    @extend_schema(request=AddMachinesSerializer, responses={202: ClusterJobSerializer})
+    @action(detail=True, methods=["post"], url_path="machines")
+    def add_machines(self, request, pk=None):
+        """Add machines to a running cluster, with the page's checks (GET join-candidates/ says which may join)."""
+        data = AddMachinesSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        cluster = self.get_object()
+        job = services.cluster_add_machines(cluster=cluster, machine_ids=data.validated_data["machines"], user=request.user)
+        return self._answer(cluster, job)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("machine_id", int, OpenApiParameter.PATH, description="The machine's id")],
+        request=None, responses={200: ClusterJobSerializer},
+    )
+    @action(detail=True, methods=["delete"], url_path=r"machines/(?P<machine_id>[0-9]+)")
+    def remove_machine(self, request, pk=None, machine_id=None):
+        """Remove a machine from a stopped cluster's record (nothing runs, so nothing is stopped). Answers
+        the cluster as it is now: when the head left, the machine with the most accelerators leads."""
+        cluster = self.get_object()
+        services.cluster_member_remove(cluster=cluster, machine_id=int(machine_id), user=request.user)
+        return self._answer(cluster, None)
+
+    @extend_schema(request=None, responses={200: HealthCheckSerializer(many=True)})
+    @action(detail=True, methods=["get"], url_path="health-checks")
+    def health_checks(self, request, pk=None):
+        """The cluster's health checks, newest first: what each looked at, found and did."""
+        cluster = self.get_object()
+        checks = HealthCheck.objects.filter(cluster=cluster).order_by("-started_at", "-pk")
+        page = self.paginate_queryset(checks)
+        return self.get_paginated_response(HealthCheckSerializer(page, many=True).data)
+
+    @extend_schema(request=None, responses={200: JoinCandidateSerializer(many=True)})
+    @action(detail=True, methods=["get"], url_path="join-candidates", pagination_class=None)
+    def join_candidates(self, request, pk=None):
+        """Every machine outside the cluster and whether it may join: the page's Add machines list."""
+        cluster = self.get_object()
+        rows = [
+            {
+                "machine": candidate.id,
+                "name": candidate.name,
+                "state": candidate.state,
+                "arch": candidate.arch,
+                "accelerators": candidate.accelerator_count,
+                "accelerator_model": candidate.accelerator_model,
+                "cluster": candidate.cluster_name,
+                "address": _address_on(candidate, cluster.network),
+                "selectable": verdict.selectable,
+                "refusal": verdict.refusal,
+                "warning": verdict.warning,
+                "runtime": verdict.runtime_label,
+            }
+            for candidate, verdict in services.cluster_join_verdicts(cluster)
+        ]
+        return Response(JoinCandidateSerializer(rows, many=True).data)
 
     @extend_schema(
         parameters=[OpenApiParameter("machines", str, description="Machine ids, comma separated"),

@@ -7,28 +7,42 @@ class ClusterState(models.TextChoices):
     WAITING = "waiting", "Waiting"  # a start failed in a way a retry cannot change, or needs a person: Try again
     RETRYING = "retrying", "Retrying"  # a start failed; tried again after a growing pause
     RUNNING = "running", "Running"  # Ray's own node list holds every machine that joined
-    STOPPED = "stopped", "Stopped"
+    STOPPING = "stopping", "Stopping"  # Ray and the runtime stop on every machine
+    STOPPED = "stopped", "Stopped"  # nothing runs; machines, network and deployments are kept
     FAILED = "failed", "Failed"  # three restarts failed; tried again every 15 minutes
+    DELETING = "deleting", "Deleting"  # stopped first, then the record goes
 
 
+_S = ClusterState
 CLUSTER_TRANSITIONS: dict[str, frozenset[str]] = {
-    ClusterState.STARTING: frozenset({ClusterState.RUNNING, ClusterState.WAITING, ClusterState.RETRYING, ClusterState.FAILED}),
-    ClusterState.WAITING: frozenset({ClusterState.STARTING}),
-    ClusterState.RETRYING: frozenset({ClusterState.STARTING, ClusterState.WAITING}),
-    ClusterState.RUNNING: frozenset({ClusterState.STARTING, ClusterState.STOPPED, ClusterState.FAILED}),
-    ClusterState.STOPPED: frozenset({ClusterState.STARTING}),
-    ClusterState.FAILED: frozenset({ClusterState.STARTING}),
+    _S.STARTING: frozenset({_S.RUNNING, _S.WAITING, _S.RETRYING, _S.FAILED, _S.STOPPING, _S.DELETING}),
+    _S.WAITING: frozenset({_S.STARTING, _S.STOPPING, _S.DELETING}),
+    _S.RETRYING: frozenset({_S.STARTING, _S.WAITING, _S.FAILED, _S.STOPPING, _S.DELETING}),
+    _S.RUNNING: frozenset({_S.STARTING, _S.STOPPING, _S.FAILED, _S.DELETING}),
+    _S.STOPPING: frozenset({_S.STOPPED, _S.WAITING, _S.DELETING}),
+    _S.STOPPED: frozenset({_S.STARTING, _S.DELETING}),
+    _S.FAILED: frozenset({_S.STARTING, _S.STOPPING, _S.DELETING}),
+    # A delete that the machines did not confirm leaves the cluster waiting for a person.
+    _S.DELETING: frozenset({_S.WAITING}),
 }
 
-CLUSTER_ACTIVE = frozenset({ClusterState.STARTING, ClusterState.RETRYING})
+# What Stop, Start and Delete offer in each state (the page and the API refuse the rest).
+CAN_STOP = frozenset({_S.STARTING, _S.WAITING, _S.RETRYING, _S.RUNNING, _S.FAILED})
+CAN_START = frozenset({_S.STOPPED})
+CAN_RETRY = frozenset({_S.WAITING, _S.RETRYING, _S.FAILED})
+CAN_DELETE = frozenset(set(_S) - {_S.DELETING})
+# Health checks look at these; a cluster in any other state has a job or a person on it.
+CHECKED = frozenset({_S.RUNNING})
 
 CLUSTER_BADGE = {
     ClusterState.STARTING: "blue",
     ClusterState.WAITING: "amber",
     ClusterState.RETRYING: "amber",
     ClusterState.RUNNING: "green",
+    ClusterState.STOPPING: "blue",
     ClusterState.STOPPED: "grey",
     ClusterState.FAILED: "red",
+    ClusterState.DELETING: "blue",
 }
 
 
@@ -39,6 +53,9 @@ class MemberState(models.TextChoices):
     RAY = "ray", "Starting Ray"
     JOINED = "joined", "Up"  # in Ray's node list with its accelerators
     FAILED = "failed", "Did not join"  # the reason is on the member
+    DOWN = "down", "Out of the cluster"  # was up; a health check found it gone (the reason says why)
+    REJOINING = "rejoining", "Joining again"  # a repair: out of Ray, then joined again
+    STOPPED = "stopped", "Stopped"
 
 
 MEMBER_BADGE = {
@@ -48,9 +65,40 @@ MEMBER_BADGE = {
     MemberState.RAY: "blue",
     MemberState.JOINED: "green",
     MemberState.FAILED: "red",
+    MemberState.DOWN: "red",
+    MemberState.REJOINING: "amber",
+    MemberState.STOPPED: "grey",
 }
 
 
 class Role(models.TextChoices):
     HEAD = "head", "Head"
     WORKER = "worker", "Worker"
+
+
+class CheckTrigger(models.TextChoices):
+    SCHEDULE = "schedule", "Every minute"
+    RECONNECT = "reconnect", "A machine reconnected"
+    MANUAL = "manual", "Check now"
+    SECOND_LOOK = "second_look", "Second look"
+
+
+class CheckOutcome(models.TextChoices):
+    RUNNING = "running", "Looking"
+    HEALTHY = "healthy", "All well"
+    LOOK_AGAIN = "look_again", "Looking again"
+    REPAIR = "repair", "Repairing"
+    WAITING = "waiting", "Waiting for a machine"
+    UNANSWERED = "unanswered", "Nobody answered"
+    SKIPPED = "skipped", "Skipped"
+
+
+CHECK_BADGE = {
+    CheckOutcome.RUNNING: "blue",
+    CheckOutcome.HEALTHY: "green",
+    CheckOutcome.LOOK_AGAIN: "amber",
+    CheckOutcome.REPAIR: "amber",
+    CheckOutcome.WAITING: "amber",
+    CheckOutcome.UNANSWERED: "grey",
+    CheckOutcome.SKIPPED: "grey",
+}

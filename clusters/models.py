@@ -2,7 +2,8 @@
 from django.db import models
 from django.urls import reverse
 
-from clusters.choices import CLUSTER_BADGE, MEMBER_BADGE, ClusterState, MemberState, Role
+from clusters.choices import (CHECK_BADGE, CLUSTER_BADGE, MEMBER_BADGE, CheckOutcome, CheckTrigger, ClusterState,
+                              MemberState, Role)
 
 
 class RuntimeImage(models.Model):
@@ -45,6 +46,9 @@ class Cluster(models.Model):
     ray_port = models.PositiveIntegerField(default=6379)
     start_attempts = models.PositiveIntegerField(default=0)
     next_retry_at = models.DateTimeField(null=True, blank=True)
+    restart_attempt = models.PositiveIntegerField(default=0, help_text="The repair restart under way (1 of 3), 0 when none")
+    last_status = models.JSONField(default=dict, blank=True, help_text="What Ray and the agents last reported")
+    last_status_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -65,6 +69,12 @@ class Cluster(models.Model):
         member = next((m for m in self.members.all() if m.role == Role.HEAD), None)
         return member.machine if member else None
 
+    @property
+    def head_address(self) -> str:
+        """The head's address on the cluster's network: Ray's GCS listens there."""
+        member = next((m for m in self.members.all() if m.role == Role.HEAD), None)
+        return member.address if member else ""
+
 
 class ClusterMember(models.Model):
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="members")
@@ -81,6 +91,8 @@ class ClusterMember(models.Model):
     image_bytes_fetched = models.PositiveBigIntegerField(default=0, help_text="bytes that crossed the network, resends included")
     ray_node_id = models.CharField(max_length=64, blank=True)
     accelerators_in_ray = models.PositiveIntegerField(default=0)
+    last_status = models.JSONField(default=dict, blank=True, help_text="Its agent's and Ray's last answer")
+    added_at = models.DateTimeField(auto_now_add=True, null=True)
 
     class Meta:
         ordering = ["cluster", "machine__name"]
@@ -116,3 +128,33 @@ class NetworkMeasurement(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["subnet", "source", "target"], name="measurement_unique")
         ]
+
+
+class HealthCheck(models.Model):
+    """One look at a running cluster: what was looked at, what was found, what was done."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="health_checks")
+    trigger = models.CharField(max_length=16, choices=CheckTrigger.choices)
+    trigger_detail = models.CharField(max_length=200, blank=True, help_text="which machine reconnected, who pressed Check now")
+    outcome = models.CharField(max_length=16, choices=CheckOutcome.choices, default=CheckOutcome.RUNNING)
+    looked_at = models.JSONField(default=list, help_text="What was asked, in order: Ray on the head, each agent")
+    found = models.JSONField(default=list, help_text='Problems: [{"machine", "problem", "text"}]')
+    action = models.TextField(blank=True, help_text="What was done about it, in words")
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    first_look = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["-started_at", "-pk"]
+        indexes = [models.Index(fields=["cluster", "-started_at"])]
+
+    def __str__(self) -> str:
+        return f"Check of {self.cluster} at {self.started_at:%H:%M:%S}: {self.get_outcome_display()}"
+
+    @property
+    def badge(self) -> str:
+        return CHECK_BADGE[self.outcome]
+
+    @property
+    def seconds(self) -> float | None:
+        return (self.finished_at - self.started_at).total_seconds() if self.finished_at else None

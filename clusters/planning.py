@@ -128,7 +128,7 @@ class Transfer:
 
 # ------------------------------------------------------------------ runtime and picking
 
-def _version_key(version: str) -> tuple:
+def version_key(version: str) -> tuple:
     # "2.10.0" is newer than "2.9.1", and a release newer than its "2.1.0rc1".
     key = []
     for part in version.split("."):
@@ -146,7 +146,7 @@ def runtime_for(candidate: Candidate, builds: Iterable[ImageBuild], major: str =
         if b.certified and b.arch == candidate.arch and b.accelerator_vendor.lower() == vendor
         and b.version.split(".")[0] == str(major)
     ]
-    return max(fitting, key=lambda b: _version_key(b.version), default=None)
+    return max(fitting, key=lambda b: version_key(b.version), default=None)
 
 
 def vendor_name(vendor: str) -> str:
@@ -226,7 +226,7 @@ def _ip(text: str):
         return None
 
 
-def _subnets_of(candidate: Candidate):
+def subnets_of(candidate: Candidate):
     """(network, iface, interface address) for every usable address of the machine."""
     for iface in candidate.interfaces:
         if iface.kind == "loopback":
@@ -250,7 +250,7 @@ def shared_networks(candidates: Sequence[Candidate], console_addresses: Iterable
     if not candidates:
         return []
     console_ips = [ip for ip in (_ip(a) for a in console_addresses) if ip is not None]
-    per_machine = [list(_subnets_of(c)) for c in candidates]
+    per_machine = [list(subnets_of(c)) for c in candidates]
     common = set.intersection(*({network for network, _, _ in entries} for entries in per_machine))
     networks = []
     for network in sorted(common, key=lambda n: (n.version, n)):

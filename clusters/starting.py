@@ -104,7 +104,7 @@ class MemberFailed(Exception):
 def cluster_start_run(ctx: JobContext, *, cluster_id: int) -> None:
     cluster = Cluster.objects.get(pk=cluster_id)
     try:
-        _start(ctx, cluster)
+        _start(ctx, cluster, restart=bool(ctx.job.params.get("restart")))
     except JobError as exc:
         with transaction.atomic():
             cluster.refresh_from_db()
@@ -112,32 +112,140 @@ def cluster_start_run(ctx: JobContext, *, cluster_id: int) -> None:
         raise
 
 
-def _start(ctx: JobContext, cluster: Cluster) -> None:
-    members = sorted(cluster.members.select_related("machine", "runtime_image").order_by("machine__name"), key=head_first)
+def _members(cluster: Cluster) -> list[ClusterMember]:
+    return sorted(cluster.members.select_related("machine", "runtime_image").order_by("machine__name"), key=head_first)
+
+
+def _start(ctx: JobContext, cluster: Cluster, *, restart: bool) -> None:
+    """The steps of a start; a step already done (a job taken up again after its worker died) is skipped."""
+    members = _members(cluster)
     head = next(m for m in members if m.role == Role.HEAD)
     _check_images_held(members)
     usable = _drop_unusable(members, head)
+    if restart and not ctx.done(services.RESTART_STEP):
+        ctx.step(services.RESTART_STEP, f"{len(usable)} machine(s)")
+        with ProgressBoard(cluster) as board:
+            usable = _parallel(usable, head, board, _stop_ray)
     with ProgressBoard(cluster) as board:
-        ctx.step("Get the runtime image")
-        usable = _distribute(ctx, cluster, usable, head, board)
-        ctx.step("Load the image")
-        usable = _parallel(usable, head, board, _load_and_start_runtime)
-    ctx.step("Start Ray on the head", f"{head.machine.name} at {head.address}:{cluster.ray_port}")
-    _set_member(head, state=MemberState.RAY)
-    _run_on(head, ["ray", "start-head", "--address", head.address, "--port", str(cluster.ray_port),
-                   "--num-gpus", str(head.machine.accelerators.count())], timeout=180)
+        if not ctx.done("Get the runtime image"):
+            ctx.step("Get the runtime image")
+            usable = _distribute(ctx, cluster, usable, head, board)
+        if not ctx.done("Load the image"):
+            ctx.step("Load the image")
+            usable = _parallel(usable, head, board, _load_and_start_runtime)
+    # Machines that dropped out in an earlier run of this job stay out of it.
+    failed = set(ClusterMember.objects.filter(cluster=cluster, state=MemberState.FAILED).values_list("pk", flat=True))
+    usable = [m for m in usable if m.pk not in failed or m.pk == head.pk]
+    if not ctx.done("Start Ray on the head"):
+        ctx.step("Start Ray on the head", f"{head.machine.name} at {head.address}:{cluster.ray_port}")
+        _set_member(head, state=MemberState.RAY)
+        _run_on(head, ["ray", "start-head", "--address", head.address, "--port", str(cluster.ray_port),
+                       "--num-gpus", str(head.machine.accelerators.count())], timeout=180)
     workers = [m for m in usable if m.role != Role.HEAD]
-    ctx.step("Join the other machines", f"{len(workers)} machine(s)")
-    with ProgressBoard(cluster) as board:
-        _parallel(workers, head, board, lambda m, b: _join(m, b, head, cluster))
+    if not ctx.done("Join the other machines"):
+        ctx.step("Join the other machines", f"{len(workers)} machine(s)")
+        with ProgressBoard(cluster) as board:
+            _parallel(workers, head, board, lambda m, b: _join(m, b, head, cluster))
     ctx.step("Check with Ray")
     joined = _check_with_ray(cluster, head, members)
     ctx.detail(f"{len(joined)} of {len(members)} machines up, {sum(m.accelerators_in_ray for m in joined)} accelerators")
     with transaction.atomic():
         cluster.refresh_from_db()
-        services.cluster_transition(cluster=cluster, to=ClusterState.RUNNING)
+        services.cluster_transition(cluster=cluster, to=ClusterState.RUNNING, reason=_left_out(members, joined))
         cluster.start_attempts = 0
-        cluster.save(update_fields=["start_attempts"])
+        cluster.restart_attempt = 0
+        cluster.save(update_fields=["start_attempts", "restart_attempt"])
+
+
+def start_abandoned(job) -> None:
+    """The reaper gave up on a start: the cluster goes the way a failed start goes."""
+    cluster = Cluster.objects.filter(pk=job.target_id).first()
+    if cluster is not None and cluster.state == ClusterState.STARTING:
+        services.cluster_start_failed(cluster=cluster, message=job.error, kind="retryable")
+
+
+def members_abandoned(job) -> None:
+    """The reaper gave up on machines joining: they say so, and the next check looks at them."""
+    ClusterMember.objects.filter(pk__in=job.params.get("members", [])).exclude(state=MemberState.JOINED).update(
+        state=MemberState.FAILED, state_reason=job.error)
+
+
+def _left_out(members: list[ClusterMember], joined: list[ClusterMember]) -> str:
+    """What a Running cluster says when some machines did not join (the next check repairs them)."""
+    out = [m.machine.name for m in members if m not in joined]
+    if not out:
+        return ""
+    return f"{', '.join(out)} did not join; {'it is' if len(out) == 1 else 'they are'} joined again once the health check finds {'it' if len(out) == 1 else 'them'} back."
+
+
+def cluster_add_run(ctx: JobContext, *, cluster_id: int) -> None:
+    """Machines join a running cluster: each must reach the head on the cluster's network, then gets
+    the image from a machine of the cluster, starts its runtime and joins Ray. The cluster keeps running."""
+    cluster = Cluster.objects.get(pk=cluster_id)
+    members = _members(cluster)
+    head = next(m for m in members if m.role == Role.HEAD)
+    wanted = set(ctx.job.params.get("members", []))
+    new = [m for m in members if m.pk in wanted and m.state not in (MemberState.JOINED, MemberState.FAILED)]
+    holders = [m for m in members if m.pk not in wanted and m.state == MemberState.JOINED]
+    try:
+        _check_images_held(new)
+        with ProgressBoard(cluster) as board:
+            if not ctx.done("Check the way to the head"):
+                ctx.step("Check the way to the head", f"{head.machine.name} at {head.address}:{cluster.ray_port}")
+                new = _parallel(new, head, board, lambda m, b: _reach_head(m, b, head, cluster), tolerate_all=True)
+            if not ctx.done("Get the runtime image"):
+                ctx.step("Get the runtime image")
+                new = _distribute(ctx, cluster, [*holders, *new], head, board, receivers={m.pk for m in new})
+            if not ctx.done("Load the image"):
+                ctx.step("Load the image")
+                new = _parallel(new, head, board, _load_and_start_runtime, tolerate_all=True)
+            if not ctx.done("Join Ray"):
+                ctx.step("Join Ray")
+                new = _parallel(new, head, board, lambda m, b: _join(m, b, head, cluster), tolerate_all=True)
+        ctx.step("Check with Ray")
+        joined = _check_with_ray(cluster, head, [m for m in _members(cluster) if m.pk in wanted])
+    except JobError as exc:
+        ClusterMember.objects.filter(pk__in=wanted).exclude(state__in=[MemberState.JOINED, MemberState.FAILED]).update(
+            state=MemberState.FAILED, state_reason=exc.message)
+        services.cluster_changed(cluster)
+        raise
+    ctx.detail(f"{len(joined)} of {len(wanted)} machine(s) joined")
+    if len(joined) < len(wanted):
+        reasons = ClusterMember.objects.filter(pk__in=wanted, state=MemberState.FAILED).values_list("machine__name", "state_reason")
+        raise JobError(" ".join(f"{name}: {reason}" if not reason.startswith(name) else reason for name, reason in reasons)
+                       or "Not every machine joined.")
+
+
+def cluster_rejoin_run(ctx: JobContext, *, cluster_id: int) -> None:
+    """A repair: each machine that dropped out leaves Ray and joins again; the others keep serving."""
+    cluster = Cluster.objects.get(pk=cluster_id)
+    members = _members(cluster)
+    head = next(m for m in members if m.role == Role.HEAD)
+    wanted = set(ctx.job.params.get("members", []))
+    again = [m for m in members if m.pk in wanted]
+    with ProgressBoard(cluster) as board:
+        if not ctx.done("Take it out of Ray"):
+            ctx.step("Take it out of Ray", ", ".join(m.machine.name for m in again))
+            again = _parallel(again, head, board, _stop_ray, tolerate_all=True)
+        if not ctx.done("Start its runtime"):
+            ctx.step("Start its runtime")
+            again = _parallel(again, head, board, _load_and_start_runtime, tolerate_all=True)
+        if not ctx.done("Join Ray"):
+            ctx.step("Join Ray")
+            again = _parallel(again, head, board, lambda m, b: _join(m, b, head, cluster), tolerate_all=True)
+    ctx.step("Check with Ray")
+    joined = _check_with_ray(cluster, head, [m for m in _members(cluster) if m.pk in wanted])
+    with transaction.atomic():
+        cluster.refresh_from_db()
+        left = [m for m in _members(cluster) if m.pk in wanted and m.state != MemberState.JOINED]
+        reason = ""
+        if left:
+            reason = " ".join(m.state_reason if m.state_reason.startswith(m.machine.name) else f"{m.machine.name}: {m.state_reason}" for m in left)
+            reason += " The next check tries again."
+        services.cluster_transition(cluster=cluster, to=cluster.state, reason=reason)
+    ctx.detail(f"{len(joined)} of {len(wanted)} machine(s) joined again")
+    if left:
+        raise JobError(reason)
 
 
 def _check_images_held(members: list[ClusterMember]) -> None:
@@ -184,9 +292,10 @@ def _run_on(member: ClusterMember, argv: list[str], *, timeout: float, stdin: by
         raise JobError(f"{member.machine.name}: {exc.message}", kind=exc.kind) from exc
 
 
-def _parallel(members, head, board, work) -> list[ClusterMember]:
+def _parallel(members, head, board, work, *, tolerate_all: bool = False) -> list[ClusterMember]:
     """Run ``work(member, board)`` on every member at once. A worker that is unreachable drops out
-    (it says why); any other failure, or the head failing, fails the start."""
+    (it says why); any other failure, or the head failing, fails the start. With ``tolerate_all``
+    (machines joining a running cluster) any worker's failure only takes that worker out."""
     failures: list[tuple[ClusterMember, JobError]] = []
 
     def one(member):
@@ -199,7 +308,7 @@ def _parallel(members, head, board, work) -> list[ClusterMember]:
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(members)))) as pool:
         list(pool.map(lambda m: _in_thread(one, m), members))
     for member, exc in failures:
-        if member.pk == head.pk or exc.kind != "unreachable":
+        if member.pk == head.pk or (exc.kind != "unreachable" and not tolerate_all):
             raise exc
     failed = {m.pk for m, _ in failures}
     return [m for m in members if m.pk not in failed]
@@ -208,8 +317,10 @@ def _parallel(members, head, board, work) -> list[ClusterMember]:
 # -- the image ------------------------------------------------------------------------------------
 
 
-def _distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], head, board) -> list[ClusterMember]:
-    """One copy from the server per build, then machine to machine in a chain, forwarded as it arrives."""
+def _distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], head, board,
+                receivers: set[int] | None = None) -> list[ClusterMember]:
+    """One copy from the server per build, then machine to machine in a chain, forwarded as it arrives.
+    With ``receivers`` (machines joining), the others only give: the result holds the receivers."""
     by_id = {m.machine_id: m for m in members}
     receivers = [
         planning.Receiver(id=m.machine_id, platform=m.runtime_image.digest, has_image=m.image_bytes_done == m.runtime_image.size_bytes > 0)
@@ -250,9 +361,9 @@ def _distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember],
                      image_bytes_fetched=F("image_bytes_fetched") + int(result.get("bytes_fetched", 0)))
 
     receiving = {t.machine_id for t in transfers}
-    return [m for m in _parallel([m for m in members if m.machine_id in receiving], head, board, fetch)] + [
-        m for m in members if m.machine_id not in receiving
-    ]
+    fetched = _parallel([m for m in members if m.machine_id in receiving], head, board, fetch, tolerate_all=receivers is not None)
+    result = fetched + [m for m in members if m.machine_id not in receiving]
+    return [m for m in result if m.pk in receivers] if receivers is not None else result
 
 
 def _serve_images(member: ClusterMember, board: ProgressBoard) -> None:
@@ -261,9 +372,37 @@ def _serve_images(member: ClusterMember, board: ProgressBoard) -> None:
 
 def _load_and_start_runtime(member: ClusterMember, board: ProgressBoard) -> None:
     board.update(member.pk, state=MemberState.LOADING)
+    _clear_leftover(member)
     digest = member.runtime_image.digest
     _run_on(member, ["image", "load", "--digest", digest], timeout=120, abort=_offline_reason(member.machine_id))
     _run_on(member, ["runtime", "start", "--digest", digest], timeout=120, abort=_offline_reason(member.machine_id))
+
+
+def _clear_leftover(member: ClusterMember) -> None:
+    """What a deleted cluster left on the machine (its Ray, its runtime) is replaced: stopped here."""
+    gcs = f"{member.cluster.head_address}:{member.cluster.ray_port}"
+    status = _run_on(member, ["runtime", "status"], timeout=30)
+    ray = status.get("ray") or {}
+    leftover_ray = ray.get("running") and ray.get("gcs_address") != gcs
+    other_runtime = status.get("state") == "started" and status.get("digest") != member.runtime_image.digest
+    if leftover_ray or other_runtime:
+        _run_on(member, ["runtime", "stop"], timeout=60)
+
+
+def _stop_ray(member: ClusterMember, board: ProgressBoard) -> None:
+    board.update(member.pk, state=MemberState.PENDING, state_reason="")
+    _run_on(member, ["ray", "stop"], timeout=60, abort=_offline_reason(member.machine_id))
+
+
+def _reach_head(member: ClusterMember, board: ProgressBoard, head: ClusterMember, cluster: Cluster) -> None:
+    """A machine joining must reach the head on the cluster's network before anything is copied to it."""
+    board.update(member.pk, state=MemberState.PENDING, state_reason=f"Checking that it reaches {head.machine.name} at {head.address}")
+    try:
+        _run_on(member, ["ray", "reach", "--head", f"{head.address}:{cluster.ray_port}"], timeout=30)
+    except JobError as exc:
+        raise JobError(f"{member.machine.name} cannot reach the head {head.machine.name} on the cluster's network "
+                       f"{cluster.network}: {exc.message.split(': ', 1)[-1]}", kind=exc.kind) from exc
+    board.update(member.pk, state_reason="")
 
 
 # -- Ray -------------------------------------------------------------------------------------------

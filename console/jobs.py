@@ -4,17 +4,27 @@ A service creates the row (``job_create``) and enqueues a task on commit; the
 task calls ``job_run`` with a function that does the work through a
 ``JobContext``. Errors the administrator should read are ``JobError``s; any
 other exception fails the job with its text and is logged with its traceback.
+
+While the work runs, a thread beats the row every ``FADEN_JOB_BEAT`` seconds.
+A running job whose beat is older than ``FADEN_JOB_STALE`` lost its worker:
+the reaper hands a resumable kind (``job_kind_register``) to a worker again,
+where the steps already done are skipped (``JobContext.done``), and fails any
+other kind with a reason. No job stays running without a live worker.
 """
 from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import transaction
+from django.conf import settings
+from django.db import connections, transaction
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from console.choices import JobState, StepState
 from console.models import Job
@@ -22,6 +32,23 @@ from console.models import Job
 log = logging.getLogger(__name__)
 
 LOG_LIMIT = 64 * 1024  # characters kept in a job's log; older lines are dropped
+MAX_RESUMES = 3  # a job handed to a new worker more often than this fails instead
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """How the reaper treats a kind of job whose worker died."""
+
+    task: str  # dotted path of the Celery task that runs it (takes the job's id)
+    on_failed: Callable[[Job], None] | None = None  # told when the reaper gives up on it
+
+
+_KINDS: dict[str, JobKind] = {}
+
+
+def job_kind_register(kind: str, *, task: str, on_failed: Callable[[Job], None] | None = None) -> None:
+    """Make ``kind`` resumable: its steps are idempotent and ``JobContext.done`` skips finished ones."""
+    _KINDS[kind] = JobKind(task=task, on_failed=on_failed)
 
 
 class JobError(Exception):
@@ -96,6 +123,10 @@ class JobContext:
         self.job.log = text[-LOG_LIMIT:]
         self._save("log")
 
+    def done(self, name: str) -> bool:
+        """Whether the named step finished in an earlier run of this job (a resumed job skips it)."""
+        return any(step["name"] == name and step["state"] == StepState.DONE for step in self.job.steps)
+
     def check_cancel(self) -> None:
         if Job.objects.filter(pk=self.job.pk, cancel_requested=True).exists():
             raise JobCancelled()
@@ -106,11 +137,44 @@ class JobContext:
             self._current = None
 
 
+def _stale_before():
+    return timezone.now() - timedelta(seconds=settings.FADEN_JOB_STALE)
+
+
+class _Beat:
+    """Beats the job's row while the work runs, from a thread with its own connection."""
+
+    def __init__(self, job_id: int):
+        self._job_id = job_id
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"job-beat-{job_id}", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(settings.FADEN_JOB_BEAT):
+                Job.objects.filter(pk=self._job_id, state=JobState.RUNNING).update(beat_at=timezone.now())
+        except Exception:  # noqa: BLE001 - a missed beat is the reaper's business, not the job's
+            log.exception("job %s: beat failed", self._job_id)
+        finally:
+            connections.close_all()
+
+
 def job_run(job_id: int, work: Callable[[JobContext], None], *, on_change: Callable[[Job], None]) -> Job:
-    """Run ``work`` for the job once; a finished job is left as it is (tasks may be delivered twice)."""
+    """Run ``work`` for the job once. A finished job, or one another live worker runs, is left as
+    it is (tasks may be delivered twice); a running job whose worker stopped beating is taken over."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if job.state not in (JobState.QUEUED, JobState.RUNNING):
+            return job
+        if job.state == JobState.RUNNING and job.beat_at and job.beat_at >= _stale_before():
             return job
         job.state = JobState.RUNNING
         job.started_at = job.started_at or timezone.now()
@@ -121,7 +185,8 @@ def job_run(job_id: int, work: Callable[[JobContext], None], *, on_change: Calla
     on_change(job)
     started = time.monotonic()
     try:
-        work(ctx)
+        with _Beat(job.pk):
+            work(ctx)
     except JobCancelled:
         _job_end(ctx, JobState.CANCELLED, StepState.FAILED, error="Cancelled.")
     except JobError as exc:
@@ -152,12 +217,38 @@ def _job_end(ctx: JobContext, state: str, step_state: str, *, error: str = "", e
         job.refresh_from_db()  # someone else (the reaper) ended it first: report what the database says
 
 
-def jobs_reap(*, stale_after: timedelta = timedelta(minutes=5)) -> int:
-    """Fail running jobs whose worker has not beaten for a while: no job stays running without one."""
-    cutoff = timezone.now() - stale_after
-    return Job.objects.filter(state=JobState.RUNNING, beat_at__lt=cutoff).update(
-        state=JobState.FAILED,
-        error="The worker running this job stopped before it finished. Run it again.",
-        error_kind="retryable",
-        finished_at=timezone.now(),
-    )
+STOPPED_WORKER = "The worker running this job stopped before it finished."
+
+
+def jobs_reap(*, stale_after: timedelta | None = None) -> int:
+    """Hand running jobs whose worker stopped beating to a worker again (resumable kinds, up to
+    ``MAX_RESUMES`` times), and fail the others with a reason. Returns how many it touched."""
+    cutoff = timezone.now() - (stale_after if stale_after is not None else timedelta(seconds=settings.FADEN_JOB_STALE))
+    touched = 0
+    for job_id in Job.objects.filter(state=JobState.RUNNING, beat_at__lt=cutoff).values_list("pk", flat=True):
+        with transaction.atomic():
+            job = Job.objects.select_for_update().filter(pk=job_id, state=JobState.RUNNING, beat_at__lt=cutoff).first()
+            if job is None:
+                continue  # it beat, or ended, meanwhile
+            kind = _KINDS.get(job.kind)
+            now = timezone.now()
+            stamp = now.strftime("%H:%M:%S")
+            if kind and job.resumes < MAX_RESUMES:
+                job.state, job.resumes, job.beat_at = JobState.QUEUED, job.resumes + 1, now
+                job.log = (job.log + f"{stamp} {STOPPED_WORKER} Taken up again where it stopped "
+                                     f"(resume {job.resumes} of {MAX_RESUMES}).\n")[-LOG_LIMIT:]
+                job.save(update_fields=["state", "resumes", "beat_at", "log"])
+                task = import_string(kind.task)
+                transaction.on_commit(lambda task=task, pk=job.pk: task.delay(pk))
+            else:
+                job.state, job.finished_at, job.error_kind = JobState.FAILED, now, "retryable"
+                job.error = f"{STOPPED_WORKER} Run it again." if not kind else \
+                    f"{STOPPED_WORKER} It was taken up again {job.resumes} times; giving up."
+                for step in job.steps:
+                    if step["state"] == StepState.RUNNING:
+                        step["state"] = StepState.FAILED
+                job.save(update_fields=["state", "finished_at", "error", "error_kind", "steps"])
+                if kind and kind.on_failed:
+                    kind.on_failed(job)
+            touched += 1
+    return touched

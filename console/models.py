@@ -23,6 +23,7 @@ class Job(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     beat_at = models.DateTimeField(null=True, blank=True, help_text="Last sign of life of the worker")
+    resumes = models.PositiveIntegerField(default=0, help_text="Times a new worker took it up after one died")
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

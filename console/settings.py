@@ -153,13 +153,29 @@ CELERY_BEAT_SCHEDULE = {
     },
     "clusters-retry-due": {
         "task": "clusters.tasks.clusters_retry_due",
-        "schedule": timedelta(seconds=15),
+        "schedule": timedelta(seconds=env_int("FADEN_RETRY_TICK", 15)),
+    },
+    "clusters-check": {
+        "task": "clusters.tasks.clusters_check",
+        "schedule": timedelta(seconds=env_int("FADEN_HEALTH_INTERVAL", 60)),
     },
     "jobs-reap": {
         "task": "console.tasks.jobs_reap",
-        "schedule": timedelta(seconds=60),
+        "schedule": timedelta(seconds=env_int("FADEN_JOB_REAP_TICK", 15)),
     },
 }
+
+# Jobs: a running job's worker beats its row; a job silent for FADEN_JOB_STALE seconds lost it.
+FADEN_JOB_BEAT = env_int("FADEN_JOB_BEAT", 5)
+FADEN_JOB_STALE = env_int("FADEN_JOB_STALE", 45)
+
+# Health checks and repairs of running clusters.
+FADEN_HEALTH_INTERVAL = env_int("FADEN_HEALTH_INTERVAL", 60)  # every running cluster is looked at this often
+FADEN_HEALTH_LOOK_AGAIN = env_int("FADEN_HEALTH_LOOK_AGAIN", 20)  # a problem is looked at again before any repair
+FADEN_RESTART_ATTEMPTS = env_int("FADEN_RESTART_ATTEMPTS", 3)  # restarts of a cluster whose head stopped, then Failed
+FADEN_RESTART_PAUSE = env_int("FADEN_RESTART_PAUSE", 30)  # before the second restart; doubles for the next
+FADEN_FAILED_RETRY = env_int("FADEN_FAILED_RETRY", 900)  # a Failed cluster is tried again this often
+FADEN_HEALTH_PARALLEL = env_int("FADEN_HEALTH_PARALLEL", 16)  # SSH sessions one check holds at once
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

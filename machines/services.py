@@ -24,6 +24,7 @@ from console.models import Job
 from machines import remote
 from machines.choices import TRANSITIONS, EventKind, InterfaceKind, MachineState
 from machines.models import Accelerator, Machine, MachineEvent, NetworkInterface
+from machines.signals import machine_reconnected
 
 log = logging.getLogger(__name__)
 
@@ -285,6 +286,7 @@ def machine_heartbeat(*, token: str, payload: dict) -> Machine | None:
             away = f" after {timesince(was_seen, now)} without a heartbeat" if was_seen else ""
             machine_transition(machine=machine, to=MachineState.HEALTHY)
             machine_event(machine=machine, kind=EventKind.RECONNECTED, message=f"Reconnected{away}.")
+            machine_reconnected.send(sender=Machine, machine_id=machine.pk, name=machine.name)
         elif was_seen is None or int(was_seen.timestamp()) // 30 != int(now.timestamp()) // 30:
             # Pages tick "last seen" by themselves; a fresh timestamp every 30 s keeps them honest
             # without a push per heartbeat.

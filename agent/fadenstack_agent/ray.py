@@ -20,6 +20,8 @@ timeouts) and reads what they print.
 - ``ray status --head ADDR:PORT``: ``<python> -I -c STATUS_SCRIPT`` connects a
   driver to the GCS (``ray.init(address=..., log_to_driver=False,
   logging_level="ERROR")``) and prints ``ray.nodes()``; 30 s at most.
+- ``ray reach --head ADDR:PORT``: can this machine open a TCP connection to
+  the head's GCS (a machine joining a running cluster is checked with it).
 - ``ray stop``: SIGTERM (the raylet first), then SIGKILL after
   ``STOP_GRACE`` s, to this machine's Ray processes only (see
   ``rayproc.ray_processes``: never Ray's own ``ray stop``, which kills every
@@ -51,7 +53,7 @@ from .rayproc import (Lock, check_local_address, check_reachable, local_node, no
                       signal_quietly, start_failure, stop_locked, stop_processes, write_record)
 from .runtime import runtime_dir
 
-ACTIONS = ("start-head", "join", "status", "stop")
+ACTIONS = ("start-head", "join", "status", "stop", "reach")
 
 
 # ------------------------------------------------------------------ running Ray
@@ -329,11 +331,22 @@ def cmd_stop(args, out) -> int:
     return out.result(**stop_locked(store, out))
 
 
+def cmd_reach(args, out) -> int:
+    """``ray reach --head ADDR:PORT``: the head's GCS answers a TCP connect from here.
+
+    Result: ``{"head", "seconds"}``.  Error: ``unreachable``, in words.
+    """
+    started = time.monotonic()
+    host, port = parse_host_port(args.head)
+    check_reachable(host, port)
+    return out.result(head=build_address(resolve_head(host), port), seconds=round(time.monotonic() - started, 3))
+
+
 # ------------------------------------------------------------------ the command line
 
 
 def add_commands(sub, parser_class) -> None:
-    """Add ``ray start-head|join|status|stop`` (each parser sets ``handler``)."""
+    """Add ``ray start-head|join|status|stop|reach`` (each parser sets ``handler``)."""
     from .protocol import needs_action
 
     ray = sub.add_parser("ray", help="Ray on this machine", allow_abbrev=False)
@@ -360,6 +373,10 @@ def add_commands(sub, parser_class) -> None:
 
     stop = actions.add_parser("stop", help="stop Ray on this machine", allow_abbrev=False)
     stop.set_defaults(handler=cmd_stop)
+
+    reach = actions.add_parser("reach", help="can this machine reach the head's GCS", allow_abbrev=False)
+    reach.add_argument("--head", required=True, metavar="ADDR:PORT", help="the head's GCS address")
+    reach.set_defaults(handler=cmd_reach)
 
     for parser in (head, join, status, stop):
         parser.add_argument("--store", metavar="PATH", help="store directory (default: the machine's)")

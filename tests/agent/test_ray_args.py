@@ -418,7 +418,7 @@ def test_ray_commands_need_the_runtime_started(machine, capsys):
 
 def test_ray_command_line_refusals_are_bad_input(machine, capsys):
     code, final, _ = run_cli(capsys, "ray")
-    assert code == 2 and "ray needs an action (known: start-head, join, status, stop)" in final["message"]
+    assert code == 2 and "ray needs an action (known: start-head, join, status, stop, reach)" in final["message"]
     code, final, _ = run_cli(capsys, "ray", "start-head", "--num-gpus", "8")
     assert code == 2 and "--address" in final["message"]
     code, final, _ = run_cli(capsys, "ray", "start-head", "--address", "127.0.0.1", "--num-gpus", "8",

@@ -187,7 +187,7 @@ def test_reaper_fails_running_jobs_whose_worker_stopped_beating():
 
 
 def test_reaper_leaves_jobs_with_a_recent_beat_and_jobs_that_are_not_running():
-    fresh = JobFactory(state=JobState.RUNNING, beat_at=timezone.now() - timedelta(minutes=4))
+    fresh = JobFactory(state=JobState.RUNNING, beat_at=timezone.now() - timedelta(seconds=10))
     queued = JobFactory(state=JobState.QUEUED, beat_at=timezone.now() - timedelta(hours=1))
     done = JobFactory(state=JobState.SUCCEEDED, beat_at=timezone.now() - timedelta(hours=1))
 

@@ -1,0 +1,216 @@
+"""Health checks of running clusters: look (Ray on the head, every member in Ray's node list, every
+agent), record what was found, look again after about 20 s before repairing anything, then repair.
+
+The decisions are pure (policy.diagnose, policy.decide); this module asks the machines and
+records. A check runs outside any job: it only reads. A repair it decides is a job
+(services.cluster_restart, services.cluster_rejoin), so one runs per cluster at a time.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import connections, transaction
+from django.utils import timezone
+
+from clusters import policy, services
+from clusters.choices import CHECKED, CheckOutcome, CheckTrigger, MemberState, Role
+from clusters.models import Cluster, ClusterMember, HealthCheck, head_first
+from console import live
+from machines import remote
+from machines.choices import MachineState
+from machines.services import machine_target
+
+log = logging.getLogger(__name__)
+
+DOWN_STATES = (MemberState.DOWN, MemberState.FAILED)
+
+
+def _ask(member: ClusterMember, gcs: str) -> dict:
+    """One member's agent, in one SSH session: its runtime and local Ray, and on the head Ray's node list."""
+    machine = member.machine
+    answer: dict = {"machine": machine.name, "machine_state": machine.state}
+    if machine.state == MachineState.OFFLINE:
+        answer["error"] = f"offline: {machine.state_reason}" if machine.state_reason else "offline"
+        return answer
+    try:
+        with remote.connect(machine_target(machine)) as conn:
+            answer["runtime"] = remote.run_agent(conn, [*machine.agent_command(), "runtime", "status"], timeout=30)
+            if member.role == Role.HEAD:
+                try:
+                    answer["ray"] = remote.run_agent(conn, [*machine.agent_command(), "ray", "status", "--head", gcs], timeout=45)
+                except remote.RemoteError as exc:
+                    answer["ray_error"] = exc.message
+    except remote.RemoteError as exc:
+        answer["error"] = exc.message
+    finally:
+        connections.close_all()
+    return answer
+
+
+def look(cluster: Cluster, members: list[ClusterMember]) -> tuple[policy.Look, dict[int, dict]]:
+    """Ask every member at once (bounded), and turn the answers into the policy's Look."""
+    gcs = f"{cluster.head_address}:{cluster.ray_port}"
+    with ThreadPoolExecutor(max_workers=min(settings.FADEN_HEALTH_PARALLEL, max(1, len(members)))) as pool:
+        answers = dict(zip([m.pk for m in members], pool.map(lambda m: _ask(m, gcs), members)))
+    head = next(m for m in members if m.role == Role.HEAD)
+    head_answer = answers[head.pk]
+    nodes = (head_answer.get("ray") or {}).get("nodes")
+    alive = {n.get("address"): n for n in nodes or [] if n.get("alive")}
+    looks = []
+    for member in members:
+        answer = answers[member.pk]
+        ray = (answer.get("runtime") or {}).get("ray") or {}
+        looks.append(policy.MemberLook(
+            member_id=member.pk,
+            name=member.machine.name,
+            is_head=member.role == Role.HEAD,
+            machine_state=member.machine.state,
+            machine_reason=member.machine.state_reason,
+            answered="runtime" in answer,
+            error=answer.get("error", ""),
+            ray_running=(bool(ray.get("running")) and ray.get("gcs_address") == gcs) if "runtime" in answer else None,
+            in_ray=(member.address in alive) if nodes is not None else None,
+        ))
+    head_error = head_answer.get("ray_error") or head_answer.get("error") or ""
+    return policy.Look(members=tuple(looks), head_answered=nodes is not None, head_error=head_error), answers
+
+
+def _record_member_states(cluster: Cluster, members: list[ClusterMember], findings: list[policy.Finding],
+                          answers: dict[int, dict]) -> None:
+    """Members the check found gone read Out of the cluster with the reason; ones found back read Up."""
+    by_member = {f.member_id: f for f in findings}
+    nodes = {n.get("address"): n for n in (answers[next(m.pk for m in members if m.role == Role.HEAD)].get("ray") or {}).get("nodes") or []}
+    for member in members:
+        answer = answers[member.pk]
+        node = nodes.get(member.address)
+        fields: dict = {"last_status": {"runtime": answer.get("runtime"), "ray_node": node,
+                                        "error": answer.get("error") or answer.get("ray_error") or ""}}
+        finding = by_member.get(member.pk)
+        if finding and member.state != MemberState.REJOINING:
+            fields.update(state=MemberState.DOWN, state_reason=finding.text)
+        elif not finding and node and node.get("alive") and member.state in DOWN_STATES:
+            fields.update(state=MemberState.JOINED, state_reason="", accelerators_in_ray=int(node.get("gpus") or 0),
+                          ray_node_id=str(node.get("node_id", ""))[:64])
+        ClusterMember.objects.filter(pk=member.pk).update(**fields)
+    cluster.last_status = {"checked_at": timezone.now().isoformat(), "head_ray": answers[next(m.pk for m in members if m.role == Role.HEAD)].get("ray"),
+                           "agents": {a["machine"]: {k: v for k, v in a.items() if k != "ray"} for a in answers.values()}}
+    cluster.last_status_at = timezone.now()
+    cluster.save(update_fields=["last_status", "last_status_at"])
+
+
+def cluster_check_run(*, cluster_id: int, trigger: str, detail: str = "", first_look_id: int | None = None) -> HealthCheck | None:
+    """One check of a running cluster, recorded whatever it finds; a cluster in another state, or with
+    an operation under way, is left alone (a manual check says so)."""
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        return None
+    busy = services.cluster_busy(cluster)
+    if cluster.state not in CHECKED or busy:
+        if trigger == CheckTrigger.MANUAL:
+            why = f"{busy.title} is under way" if busy else f"the cluster is {cluster.get_state_display()}"
+            check = HealthCheck.objects.create(cluster=cluster, trigger=trigger, trigger_detail=detail, outcome=CheckOutcome.SKIPPED,
+                                               action=f"Nothing looked at: {why}.", finished_at=timezone.now())
+            _changed(cluster)
+            return check
+        return None
+    check = HealthCheck.objects.create(cluster=cluster, trigger=trigger, trigger_detail=detail, first_look_id=first_look_id)
+    members = sorted(cluster.members.select_related("machine").order_by("machine__name"), key=head_first)
+    looked, answers = look(cluster, members)
+    findings = policy.diagnose(looked)
+    decision = policy.decide(findings, answered=policy.anyone_answered(looked), second_look=first_look_id is not None,
+                             look_again_after=settings.FADEN_HEALTH_LOOK_AGAIN, restart_attempt=cluster.restart_attempt,
+                             attempts=settings.FADEN_RESTART_ATTEMPTS)
+    check.looked_at = _looked_at(cluster, members, answers)
+    check.found = [{"machine": f.machine, "problem": f.problem, "text": f.text} for f in findings]
+    check.outcome = decision.outcome
+    check.action = decision.action
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+        if cluster.state not in CHECKED or services.cluster_busy(cluster):
+            check.outcome, check.action = CheckOutcome.SKIPPED, "Nothing done: another operation started meanwhile."
+        else:
+            if decision.outcome != policy.UNANSWERED:
+                _record_member_states(cluster, members, findings, answers)
+            _act(cluster, check, decision)
+        check.finished_at = timezone.now()
+        check.save()
+    _changed(cluster)
+    return check
+
+
+def _act(cluster: Cluster, check: HealthCheck, decision: policy.Decision) -> None:
+    from clusters.tasks import cluster_check
+
+    if decision.outcome == policy.ALL_WELL:
+        if cluster.state_reason:
+            services.cluster_transition(cluster=cluster, to=cluster.state, reason="")
+        return
+    if decision.outcome == policy.UNANSWERED:
+        return  # nothing is known, so nothing changes: not even the page's words
+    if decision.outcome == policy.LOOK_AGAIN:
+        services.cluster_transition(cluster=cluster, to=cluster.state, reason=f"{check.found[0]['text']} {decision.action}")
+        transaction.on_commit(lambda: cluster_check.apply_async(
+            (cluster.pk, CheckTrigger.SECOND_LOOK, "", check.pk), countdown=settings.FADEN_HEALTH_LOOK_AGAIN))
+        return
+    if decision.outcome == policy.WAITING:
+        services.cluster_transition(cluster=cluster, to=cluster.state, reason=decision.action)
+        return
+    try:
+        if decision.restart:
+            services.cluster_restart(cluster=cluster, found=check.found[0]["text"])
+        else:
+            services.cluster_rejoin(cluster=cluster, member_ids=list(decision.rejoin), reason=decision.action)
+    except ValidationError as exc:
+        check.outcome, check.action = CheckOutcome.SKIPPED, f"No repair: {' '.join(exc.messages)}"
+
+
+def _looked_at(cluster: Cluster, members: list[ClusterMember], answers: dict[int, dict]) -> list[str]:
+    lines = []
+    for member in members:
+        answer = answers[member.pk]
+        name = member.machine.name
+        if member.role == Role.HEAD:
+            ray = answer.get("ray")
+            if ray is not None:
+                lines.append(f"Ray on the head {name}: {ray.get('alive_nodes', '?')} live node(s), {ray.get('gpus', '?')} GPUs")
+            else:
+                lines.append(f"Ray on the head {name}: no answer ({answer.get('ray_error') or answer.get('error') or 'not asked'})")
+        if "runtime" in answer:
+            ray = answer["runtime"].get("ray") or {}
+            lines.append(f"The agent on {name}: runtime {answer['runtime'].get('state')}, Ray {'running' if ray.get('running') else 'not running'}")
+        else:
+            lines.append(f"The agent on {name}: no answer ({answer.get('error', '')})")
+    return lines
+
+
+def _changed(cluster: Cluster) -> None:
+    live.push(f"cluster:{cluster.pk}", part="checks")
+    live.push("clusters", part=str(cluster.pk))
+
+
+def clusters_check_due() -> list[int]:
+    """Every running cluster with no operation under way gets a check. A second look that never ran
+    (its worker died) is run now instead of a first look."""
+    from clusters.tasks import cluster_check
+
+    queued = []
+    lost_after = timezone.now() - timedelta(seconds=settings.FADEN_HEALTH_LOOK_AGAIN + settings.FADEN_HEALTH_INTERVAL)
+    for cluster in Cluster.objects.filter(state__in=CHECKED):
+        if services.cluster_busy(cluster):
+            continue
+        latest = cluster.health_checks.first()
+        first_look = None
+        if latest and latest.outcome == CheckOutcome.RUNNING and latest.started_at > lost_after:
+            continue  # still looking
+        if latest and latest.outcome == CheckOutcome.LOOK_AGAIN:
+            if latest.started_at > lost_after:
+                continue  # its second look is due soon
+            first_look = latest.pk
+        trigger = CheckTrigger.SECOND_LOOK if first_look else CheckTrigger.SCHEDULE
+        transaction.on_commit(lambda pk=cluster.pk, t=trigger, f=first_look: cluster_check.delay(pk, t, "", f))
+        queued.append(cluster.pk)
+    return queued

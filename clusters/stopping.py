@@ -1,0 +1,87 @@
+"""Stopping a cluster (Ray, the runtime and the image server stop on every machine, freeing the
+GPUs) and deleting one (stopped on the machines that answer, then its record goes).
+
+A machine that does not answer cannot confirm it stopped: the cluster then waits for a person,
+who checks the machines and stops or deletes again. Stopping twice is harmless: every agent
+command here is a no-op on a machine where nothing runs.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from django.db import transaction
+
+from clusters import services
+from clusters.choices import ClusterState, MemberState
+from clusters.models import Cluster, ClusterMember
+from clusters.starting import MAX_PARALLEL, _in_thread, _members
+from console.jobs import JobContext, JobError
+from machines import remote
+from machines.choices import MachineState
+from machines.services import machine_target
+
+
+def _stop_on(member: ClusterMember) -> str | None:
+    """Stop everything the cluster runs on the machine, in one SSH session; the failure in words, or None."""
+    machine = member.machine
+    if machine.state == MachineState.OFFLINE:
+        return f"{machine.name} is offline."
+    if not machine.agent_path:
+        return f"{machine.name} has no agent."
+    try:
+        with remote.connect(machine_target(machine)) as conn:
+            remote.run_agent(conn, [*machine.agent_command(), "runtime", "stop"], timeout=90)
+            remote.run_agent(conn, [*machine.agent_command(), "image", "serve", "stop"], timeout=60)
+    except remote.RemoteError as exc:
+        return f"{machine.name}: {exc.message.rstrip('.')}."
+    ClusterMember.objects.filter(pk=member.pk).update(state=MemberState.STOPPED, state_reason="", accelerators_in_ray=0, ray_node_id="")
+    services.cluster_changed(member.cluster, part="members")
+    return None
+
+
+def _stop_all(ctx: JobContext, members: list[ClusterMember]) -> list[str]:
+    ctx.detail(", ".join(m.machine.name for m in members) or "no machine to stop")
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(members)))) as pool:
+        failures = [f for f in pool.map(lambda m: _in_thread(_stop_on, m), members) if f]
+    return failures
+
+
+def cluster_stop_run(ctx: JobContext, *, cluster_id: int) -> None:
+    cluster = Cluster.objects.get(pk=cluster_id)
+    ctx.step("Stop Ray and the runtime")
+    failures = _stop_all(ctx, _members(cluster))
+    with transaction.atomic():
+        cluster.refresh_from_db()
+        if failures:
+            message = services.cluster_stop_unconfirmed(cluster=cluster, failures=failures)
+        else:
+            services.cluster_transition(cluster=cluster, to=ClusterState.STOPPED, reason="")
+    if failures:
+        raise JobError(message)
+
+
+def cluster_delete_run(ctx: JobContext, *, cluster_id: int) -> None:
+    """Stopped first on every machine that is online (an offline one gets its leftovers replaced the
+    next time it starts a cluster), then the record goes."""
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
+        return  # deleted by an earlier run of this job
+    if not ctx.done("Stop Ray and the runtime"):
+        ctx.step("Stop Ray and the runtime")
+        online = [m for m in _members(cluster) if m.machine.state != MachineState.OFFLINE]
+        failures = _stop_all(ctx, online)
+        if failures:
+            with transaction.atomic():
+                cluster.refresh_from_db()
+                message = services.cluster_stop_unconfirmed(cluster=cluster, failures=failures)
+            raise JobError(message)
+    ctx.step("Delete the record")
+    with transaction.atomic():
+        services.cluster_record_delete(cluster=cluster)
+
+
+def stop_abandoned(job) -> None:
+    """The reaper gave up on a stop or a delete: the machines did not confirm."""
+    cluster = Cluster.objects.filter(pk=job.target_id).first()
+    if cluster is not None and cluster.state in (ClusterState.STOPPING, ClusterState.DELETING):
+        services.cluster_stop_unconfirmed(cluster=cluster, failures=[job.error])
