@@ -227,9 +227,9 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def change_network(self, request, pk=None):
         """Move the cluster to another network its machines share. A running cluster restarts on it
         (202 with the job); a stopped one only records it (200, job null)."""
+        cluster = self.get_object()
         data = ChangeNetworkSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        cluster = self.get_object()
         job = services.cluster_change_network(cluster=cluster, network=data.validated_data["network"], user=request.user)
         return self._answer(cluster, job)
 
@@ -237,9 +237,9 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     @action(detail=True, methods=["post"], url_path="machines")
     def add_machines(self, request, pk=None):
         """Add machines to a running cluster, with the page's checks (GET join-candidates/ says which may join)."""
+        cluster = self.get_object()
         data = AddMachinesSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        cluster = self.get_object()
         job = services.cluster_add_machines(cluster=cluster, machine_ids=data.validated_data["machines"], user=request.user)
         return self._answer(cluster, job)
 

@@ -195,7 +195,7 @@ def cluster_add_run(ctx: JobContext, *, cluster_id: int) -> None:
                 new = _parallel(new, head, board, lambda m, b: _reach_head(m, b, head, cluster), tolerate_all=True)
             if not ctx.done("Get the runtime image"):
                 ctx.step("Get the runtime image")
-                new = _distribute(ctx, cluster, [*holders, *new], head, board, receivers={m.pk for m in new})
+                new = _distribute(ctx, cluster, [*holders, *new], head, board, joining={m.pk for m in new})
             if not ctx.done("Load the image"):
                 ctx.step("Load the image")
                 new = _parallel(new, head, board, _load_and_start_runtime, tolerate_all=True)
@@ -318,9 +318,9 @@ def _parallel(members, head, board, work, *, tolerate_all: bool = False) -> list
 
 
 def _distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], head, board,
-                receivers: set[int] | None = None) -> list[ClusterMember]:
+                joining: set[int] | None = None) -> list[ClusterMember]:
     """One copy from the server per build, then machine to machine in a chain, forwarded as it arrives.
-    With ``receivers`` (machines joining), the others only give: the result holds the receivers."""
+    With ``joining`` (members joining a running cluster), the others only give: the result holds the joining."""
     by_id = {m.machine_id: m for m in members}
     receivers = [
         planning.Receiver(id=m.machine_id, platform=m.runtime_image.digest, has_image=m.image_bytes_done == m.runtime_image.size_bytes > 0)
@@ -361,9 +361,9 @@ def _distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember],
                      image_bytes_fetched=F("image_bytes_fetched") + int(result.get("bytes_fetched", 0)))
 
     receiving = {t.machine_id for t in transfers}
-    fetched = _parallel([m for m in members if m.machine_id in receiving], head, board, fetch, tolerate_all=receivers is not None)
+    fetched = _parallel([m for m in members if m.machine_id in receiving], head, board, fetch, tolerate_all=joining is not None)
     result = fetched + [m for m in members if m.machine_id not in receiving]
-    return [m for m in result if m.pk in receivers] if receivers is not None else result
+    return [m for m in result if m.pk in joining] if joining is not None else result
 
 
 def _serve_images(member: ClusterMember, board: ProgressBoard) -> None:

@@ -119,3 +119,61 @@
   document.addEventListener("htmx:wsAfterMessage", tick);
   setInterval(tick, 5000);
 })();
+
+// A cluster's page: selecting a machine (in the diagram or the table) shows its panel. The choice
+// lives in the URL (?machine=12), so a reload or a shared link opens the same panel; every panel is
+// in the page, so a live push that re-renders the card keeps the selection by applying it again.
+// Dialogs: <button data-dialog-open="id"> opens <dialog id="id"> as a modal.
+(function () {
+  "use strict";
+
+  function selected() {
+    return new URL(window.location.href).searchParams.get("machine") || "";
+  }
+
+  function apply() {
+    var panels = document.querySelectorAll("[data-machine-panel]");
+    if (!panels.length) return;
+    var id = selected();
+    var found = false;
+    panels.forEach(function (panel) {
+      var match = id !== "" && panel.getAttribute("data-machine-panel") === id;
+      panel.hidden = !match;
+      found = found || match;
+    });
+    if (!found) {
+      var empty = document.querySelector('[data-machine-panel=""]');
+      if (empty) empty.hidden = false;
+    }
+    document.querySelectorAll("[data-machine-id]").forEach(function (el) {
+      el.classList.toggle("is-selected", found && el.getAttribute("data-machine-id") === id);
+    });
+  }
+
+  document.addEventListener("click", function (event) {
+    var link = event.target.closest("[data-select-machine]");
+    if (!link || event.metaKey || event.ctrlKey || event.shiftKey) return;
+    event.preventDefault();
+    var id = link.getAttribute("data-select-machine");
+    var url = new URL(window.location.href);
+    if (url.searchParams.get("machine") === id) url.searchParams.delete("machine");
+    else url.searchParams.set("machine", id);
+    window.history.pushState(null, "", url);
+    apply();
+  });
+
+  document.addEventListener("click", function (event) {
+    var opener = event.target.closest("[data-dialog-open]");
+    if (!opener) return;
+    var dialog = document.getElementById(opener.getAttribute("data-dialog-open"));
+    if (dialog && dialog.showModal) {
+      event.preventDefault();
+      dialog.showModal();
+    }
+  });
+
+  window.addEventListener("popstate", apply);
+  document.addEventListener("DOMContentLoaded", apply);
+  document.addEventListener("htmx:wsAfterMessage", apply);
+  document.addEventListener("htmx:afterSettle", apply);
+})();
