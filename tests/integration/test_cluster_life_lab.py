@@ -243,7 +243,7 @@ def test_the_worker_killed_in_the_middle_of_a_start_is_replaced_and_the_start_st
     console.start_worker()
 
     cluster = wait_for(lambda: all_up("crash", 2), timeout=180, what="Running after the worker was replaced")
-    job.refresh_from_db()
+    job = wait_for(lambda: Job.objects.filter(pk=job.pk).exclude(state="running").first(), timeout=30, what="the job to end")
     assert job.state == "succeeded" and job.resumes == 1
     assert "Taken up again where it stopped" in job.log
     assert [s["state"] for s in job.steps] == ["done"] * len(job.steps)
