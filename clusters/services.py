@@ -192,6 +192,17 @@ def _refuse_if_busy(cluster: Cluster, what: str) -> None:
         raise ValidationError(f"{cluster.name} is busy: {job.title} is {job.get_state_display().lower()}. {what} once it has finished.")
 
 
+def _cancel_start(cluster: Cluster, what: str) -> None:
+    """Stop and Delete win over a start or a repair under way: it is asked to end at its next step,
+    and the stop waits for it. Another stop or delete under way refuses."""
+    job = cluster_busy(cluster)
+    if job is None:
+        return
+    if job.kind not in (START_KIND, ADD_KIND, REJOIN_KIND):
+        _refuse_if_busy(cluster, what)
+    Job.objects.filter(target_type="cluster", target_id=cluster.pk, state__in=JOB_ACTIVE).update(cancel_requested=True)
+
+
 def _locked(cluster: Cluster) -> Cluster:
     """The cluster's row, locked until the transaction ends, so that two requests cannot both act on it."""
     return Cluster.objects.select_for_update().get(pk=cluster.pk)
@@ -322,7 +333,7 @@ def cluster_stop(*, cluster: Cluster, user=None) -> Job:
         cluster = _locked(cluster)
         if cluster.state not in CAN_STOP:
             raise ValidationError(f"{cluster.name} is {cluster.get_state_display()}: there is nothing to stop.")
-        _refuse_if_busy(cluster, "Stop it")
+        _cancel_start(cluster, "Stop it")
         cluster.next_retry_at = None
         cluster.restart_attempt = 0
         cluster.save(update_fields=["next_retry_at", "restart_attempt"])
@@ -344,7 +355,7 @@ def cluster_delete(*, cluster: Cluster, user=None) -> Job | None:
         cluster = _locked(cluster)
         if cluster.state == ClusterState.DELETING:
             raise ValidationError(f"{cluster.name} is already being deleted.")
-        _refuse_if_busy(cluster, "Delete it")
+        _cancel_start(cluster, "Delete it")
         members = list(cluster.members.select_related("machine"))
         online = [m for m in members if m.machine.state != MachineState.OFFLINE]
         try:

@@ -19,7 +19,7 @@ from django.db.models import F
 from clusters import images, planning, services
 from clusters.choices import ClusterState, MemberState, Role
 from clusters.models import Cluster, ClusterMember, head_first
-from console.jobs import JobContext, JobError
+from console.jobs import JobCancelled, JobContext, JobError
 from machines import enrolment, remote
 from machines.choices import MachineState
 from machines.models import Machine
@@ -105,10 +105,15 @@ def cluster_start_run(ctx: JobContext, *, cluster_id: int) -> None:
     cluster = Cluster.objects.get(pk=cluster_id)
     try:
         _start(ctx, cluster, restart=bool(ctx.job.params.get("restart")))
-    except JobError as exc:
+    except JobCancelled:
+        raise  # a stop or a delete took over: the cluster reads what they say
+    except Exception as exc:
+        # Whatever broke, the cluster must not stay Starting without a job behind it.
+        message, kind = (exc.message, exc.kind) if isinstance(exc, JobError) else (f"Unexpected error: {exc}", "retryable")
         with transaction.atomic():
             cluster.refresh_from_db()
-            services.cluster_start_failed(cluster=cluster, message=exc.message, kind=exc.kind)
+            if cluster.state == ClusterState.STARTING:
+                services.cluster_start_failed(cluster=cluster, message=message, kind=kind)
         raise
 
 

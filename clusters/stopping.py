@@ -7,6 +7,7 @@ command here is a no-op on a machine where nothing runs.
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from django.db import transaction
@@ -15,10 +16,14 @@ from clusters import services
 from clusters.choices import ClusterState, MemberState
 from clusters.models import Cluster, ClusterMember
 from clusters.starting import MAX_PARALLEL, _in_thread, _members
+from console.choices import JOB_ACTIVE
 from console.jobs import JobContext, JobError
+from console.models import Job
 from machines import remote
 from machines.choices import MachineState
 from machines.services import machine_target
+
+OTHER_JOB_WAIT = 600  # seconds a stop waits for the start it cancelled to reach its next step
 
 
 def _stop_on(member: ClusterMember) -> str | None:
@@ -46,8 +51,22 @@ def _stop_all(ctx: JobContext, members: list[ClusterMember]) -> list[str]:
     return failures
 
 
+def _wait_for_other_jobs(ctx: JobContext, cluster: Cluster) -> None:
+    """A start or a repair asked to end (Stop wins over it) ends at its next step: wait for that,
+    so that it does not start Ray again behind the stop."""
+    others = Job.objects.filter(target_type="cluster", target_id=cluster.pk, state__in=JOB_ACTIVE).exclude(pk=ctx.job.pk)
+    deadline = time.monotonic() + OTHER_JOB_WAIT
+    while others.exists():
+        if time.monotonic() > deadline:
+            raise JobError(f"{others.first().title} did not end within {OTHER_JOB_WAIT // 60} minutes of being asked to; "
+                           "stop the cluster again once it has.")
+        ctx.check_cancel()
+        time.sleep(0.5)
+
+
 def cluster_stop_run(ctx: JobContext, *, cluster_id: int) -> None:
     cluster = Cluster.objects.get(pk=cluster_id)
+    _wait_for_other_jobs(ctx, cluster)
     ctx.step("Stop Ray and the runtime")
     failures = _stop_all(ctx, _members(cluster))
     with transaction.atomic():
@@ -67,6 +86,7 @@ def cluster_delete_run(ctx: JobContext, *, cluster_id: int) -> None:
     if cluster is None:
         return  # deleted by an earlier run of this job
     if not ctx.done("Stop Ray and the runtime"):
+        _wait_for_other_jobs(ctx, cluster)
         ctx.step("Stop Ray and the runtime")
         online = [m for m in _members(cluster) if m.machine.state != MachineState.OFFLINE]
         failures = _stop_all(ctx, online)

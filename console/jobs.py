@@ -144,8 +144,8 @@ def _stale_before():
 class _Beat:
     """Beats the job's row while the work runs, from a thread with its own connection."""
 
-    def __init__(self, job_id: int):
-        self._job_id = job_id
+    def __init__(self, job_id: int, resumes: int):
+        self._job_id, self._resumes = job_id, resumes
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"job-beat-{job_id}", daemon=True)
 
@@ -160,7 +160,8 @@ class _Beat:
     def _run(self) -> None:
         try:
             while not self._stop.wait(settings.FADEN_JOB_BEAT):
-                Job.objects.filter(pk=self._job_id, state=JobState.RUNNING).update(beat_at=timezone.now())
+                # Only this run's beat: a run the reaper handed to another worker is not ours any more.
+                Job.objects.filter(pk=self._job_id, state=JobState.RUNNING, resumes=self._resumes).update(beat_at=timezone.now())
         except Exception:  # noqa: BLE001 - a missed beat is the reaper's business, not the job's
             log.exception("job %s: beat failed", self._job_id)
         finally:
@@ -185,7 +186,7 @@ def job_run(job_id: int, work: Callable[[JobContext], None], *, on_change: Calla
     on_change(job)
     started = time.monotonic()
     try:
-        with _Beat(job.pk):
+        with _Beat(job.pk, job.resumes):
             work(ctx)
     except JobCancelled:
         _job_end(ctx, JobState.CANCELLED, StepState.FAILED, error="Cancelled.")
@@ -208,7 +209,7 @@ def _job_end(ctx: JobContext, state: str, step_state: str, *, error: str = "", e
     job.error_kind = error_kind
     job.finished_at = timezone.now()
     # Never overwrite an end state written by someone else (the reaper, say).
-    updated = Job.objects.filter(pk=job.pk, state=JobState.RUNNING).update(
+    updated = Job.objects.filter(pk=job.pk, state=JobState.RUNNING, resumes=job.resumes).update(
         state=state, error=error, error_kind=error_kind, finished_at=job.finished_at, steps=job.steps, log=job.log
     )
     if updated:

@@ -194,13 +194,13 @@ def test_stopping_a_stopped_cluster_is_a_400_that_says_there_is_nothing_to_stop(
     assert response.json()["message"] == "gpu-room is Stopped: there is nothing to stop."
 
 
-def test_stopping_a_cluster_while_a_job_runs_on_it_is_a_400_that_names_the_job(post, room, queued):
-    JobFactory(kind="cluster.add", title="Add gpu-c to gpu-room", target_type="cluster", target_id=room.pk, state=JobState.RUNNING)
+def test_stopping_a_cluster_while_a_stop_runs_on_it_is_a_400_that_names_the_job(post, room, queued):
+    JobFactory(kind="cluster.stop", title="Stop gpu-room", target_type="cluster", target_id=room.pk, state=JobState.RUNNING)
     before = snapshot(room)
 
     response = post(f"/api/clusters/{room.pk}/stop/")
 
-    refused(response, room, before, queued, "gpu-room is busy: Add gpu-c to gpu-room is running. Stop it once it has finished.")
+    refused(response, room, before, queued, "gpu-room is busy: Stop gpu-room is running. Stop it once it has finished.")
 
 
 # -- start ------------------------------------------------------------------------------------------

@@ -160,13 +160,13 @@ def test_stop_is_refused_on_a_stopped_cluster(committed, queued, stopped_room):
     assert jobs_of(stopped_room) == [] and queued == []
 
 
-def test_stop_is_refused_while_a_job_runs_on_the_cluster_and_names_the_job(committed, queued, room):
-    JobFactory(kind=services.ADD_KIND, title="Add gpu-c to gpu-room", target_type="cluster", target_id=room.pk,
+def test_stop_is_refused_while_another_stop_runs_on_the_cluster_and_names_it(committed, queued, room):
+    JobFactory(kind=services.STOP_KIND, title="Stop gpu-room", target_type="cluster", target_id=room.pk,
                state=JobState.RUNNING)
 
     words = refused(committed, services.cluster_stop, cluster=room)
 
-    assert words == "gpu-room is busy: Add gpu-c to gpu-room is running. Stop it once it has finished."
+    assert words == "gpu-room is busy: Stop gpu-room is running. Stop it once it has finished."
     assert fresh(room).state == ClusterState.RUNNING
     assert len(jobs_of(room)) == 1 and queued == []
 
@@ -807,3 +807,14 @@ def test_the_due_checks_run_a_lost_second_look_and_wait_for_one_still_due(commit
     assert committed(health.clusters_check_due) == [lost.pk]
 
     assert queued == [("cluster_check", lost.pk, CheckTrigger.SECOND_LOOK, "", long_ago.pk)]
+
+
+def test_stop_while_machines_join_asks_that_job_to_end_and_queues_the_stop_behind_it(committed, queued, room):
+    adding = JobFactory(kind=services.ADD_KIND, title="Add gpu-c to gpu-room", target_type="cluster", target_id=room.pk,
+                        state=JobState.RUNNING)
+
+    job = committed(services.cluster_stop, cluster=room)
+
+    adding.refresh_from_db()
+    assert adding.cancel_requested and adding.state == JobState.RUNNING  # it ends itself at its next step
+    assert job.kind == services.STOP_KIND and fresh(room).state == ClusterState.STOPPING
