@@ -20,6 +20,7 @@ from clusters import images, planning, services
 from clusters.choices import ClusterState, MemberState, Role
 from clusters.models import Cluster, ClusterMember, head_first
 from console.jobs import JobCancelled, JobContext, JobError
+from console.ticker import Ticker
 from machines import enrolment, remote
 from machines.choices import MachineState
 from machines.models import Machine
@@ -30,30 +31,25 @@ PUSH_EVERY = 0.5  # seconds between two pushes of the bars
 MAX_PARALLEL = 32  # SSH sessions one start holds at once
 
 
-class ProgressBoard:
+class ProgressBoard(Ticker):
     """Member fields changed by worker threads, written and pushed together on a tick."""
 
+    tick_on_exit = True
+
     def __init__(self, cluster: Cluster):
+        super().__init__(f"progress-{cluster.pk}")
         self.cluster = cluster
         self._lock = threading.Lock()
         self._pending: dict[int, dict] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"progress-{cluster.pk}", daemon=True)
 
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.flush()
+    def every(self) -> float:
+        return PUSH_EVERY
 
     def update(self, member_id: int, **fields) -> None:
         with self._lock:
             self._pending.setdefault(member_id, {}).update(fields)
 
-    def flush(self) -> None:
+    def tick(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, {}
         if not pending:
@@ -61,13 +57,6 @@ class ProgressBoard:
         for member_id, fields in pending.items():
             ClusterMember.objects.filter(pk=member_id).update(**fields)
         services.cluster_changed(self.cluster, part="members")
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(PUSH_EVERY):
-                self.flush()
-        finally:
-            connections.close_all()
 
 
 def _in_thread(fn: Callable, *args):
@@ -127,17 +116,13 @@ def _start(ctx: JobContext, cluster: Cluster, *, restart: bool) -> None:
     head = next(m for m in members if m.role == Role.HEAD)
     _check_images_held(members)
     usable = _drop_unusable(members, head)
-    if restart and not ctx.done(services.RESTART_STEP):
-        ctx.step(services.RESTART_STEP, f"{len(usable)} machine(s)")
-        with ProgressBoard(cluster) as board:
-            usable = _parallel(usable, head, board, _stop_ray)
     with ProgressBoard(cluster) as board:
+        if restart:
+            usable = _stage(ctx, services.RESTART_STEP, usable, head, board, _stop_ray)
         if not ctx.done("Get the runtime image"):
             ctx.step("Get the runtime image")
             usable = _distribute(ctx, cluster, usable, head, board)
-        if not ctx.done("Load the image"):
-            ctx.step("Load the image")
-            usable = _parallel(usable, head, board, _load_and_start_runtime)
+        usable = _stage(ctx, "Load the image", usable, head, board, _load_and_start_runtime)
     # Machines that dropped out in an earlier run of this job stay out of it.
     failed = set(ClusterMember.objects.filter(cluster=cluster, state=MemberState.FAILED).values_list("pk", flat=True))
     usable = [m for m in usable if m.pk not in failed or m.pk == head.pk]
@@ -147,10 +132,9 @@ def _start(ctx: JobContext, cluster: Cluster, *, restart: bool) -> None:
         _run_on(head, ["ray", "start-head", "--address", head.address, "--port", str(cluster.ray_port),
                        "--num-gpus", str(head.machine.accelerators.count())], timeout=180)
     workers = [m for m in usable if m.role != Role.HEAD]
-    if not ctx.done("Join the other machines"):
-        ctx.step("Join the other machines", f"{len(workers)} machine(s)")
-        with ProgressBoard(cluster) as board:
-            _parallel(workers, head, board, lambda m, b: _join(m, b, head, cluster))
+    with ProgressBoard(cluster) as board:
+        _stage(ctx, "Join the other machines", workers, head, board, lambda m, b: _join(m, b, head, cluster),
+               detail=f"{len(workers)} machine(s)")
     ctx.step("Check with Ray")
     joined = _check_with_ray(cluster, head, members)
     ctx.detail(f"{len(joined)} of {len(members)} machines up, {sum(m.accelerators_in_ray for m in joined)} accelerators")
@@ -195,18 +179,13 @@ def cluster_add_run(ctx: JobContext, *, cluster_id: int) -> None:
     try:
         _check_images_held(new)
         with ProgressBoard(cluster) as board:
-            if not ctx.done("Check the way to the head"):
-                ctx.step("Check the way to the head", f"{head.machine.name} at {head.address}:{cluster.ray_port}")
-                new = _parallel(new, head, board, lambda m, b: _reach_head(m, b, head, cluster), tolerate_all=True)
+            new = _stage(ctx, "Check the way to the head", new, head, board, lambda m, b: _reach_head(m, b, head, cluster),
+                         tolerate_all=True, detail=f"{head.machine.name} at {head.address}:{cluster.ray_port}")
             if not ctx.done("Get the runtime image"):
                 ctx.step("Get the runtime image")
                 new = _distribute(ctx, cluster, [*holders, *new], head, board, joining={m.pk for m in new})
-            if not ctx.done("Load the image"):
-                ctx.step("Load the image")
-                new = _parallel(new, head, board, _load_and_start_runtime, tolerate_all=True)
-            if not ctx.done("Join Ray"):
-                ctx.step("Join Ray")
-                new = _parallel(new, head, board, lambda m, b: _join(m, b, head, cluster), tolerate_all=True)
+            new = _stage(ctx, "Load the image", new, head, board, _load_and_start_runtime, tolerate_all=True)
+            new = _stage(ctx, "Join Ray", new, head, board, lambda m, b: _join(m, b, head, cluster), tolerate_all=True)
         ctx.step("Check with Ray")
         joined = _check_with_ray(cluster, head, [m for m in _members(cluster) if m.pk in wanted])
     except JobError as exc:
@@ -229,15 +208,10 @@ def cluster_rejoin_run(ctx: JobContext, *, cluster_id: int) -> None:
     wanted = set(ctx.job.params.get("members", []))
     again = [m for m in members if m.pk in wanted]
     with ProgressBoard(cluster) as board:
-        if not ctx.done("Take it out of Ray"):
-            ctx.step("Take it out of Ray", ", ".join(m.machine.name for m in again))
-            again = _parallel(again, head, board, _stop_ray, tolerate_all=True)
-        if not ctx.done("Start its runtime"):
-            ctx.step("Start its runtime")
-            again = _parallel(again, head, board, _load_and_start_runtime, tolerate_all=True)
-        if not ctx.done("Join Ray"):
-            ctx.step("Join Ray")
-            again = _parallel(again, head, board, lambda m, b: _join(m, b, head, cluster), tolerate_all=True)
+        again = _stage(ctx, "Take it out of Ray", again, head, board, _stop_ray, tolerate_all=True,
+                       detail=", ".join(m.machine.name for m in again))
+        again = _stage(ctx, "Start its runtime", again, head, board, _load_and_start_runtime, tolerate_all=True)
+        again = _stage(ctx, "Join Ray", again, head, board, lambda m, b: _join(m, b, head, cluster), tolerate_all=True)
     ctx.step("Check with Ray")
     joined = _check_with_ray(cluster, head, [m for m in _members(cluster) if m.pk in wanted])
     with transaction.atomic():
@@ -317,6 +291,14 @@ def _parallel(members, head, board, work, *, tolerate_all: bool = False) -> list
             raise exc
     failed = {m.pk for m, _ in failures}
     return [m for m in members if m.pk not in failed]
+
+
+def _stage(ctx: JobContext, name: str, members, head, board, work, *, tolerate_all: bool = False, detail: str = ""):
+    """One step of a job, run on every member at once; a step done in an earlier run of the job is skipped."""
+    if ctx.done(name):
+        return members
+    ctx.step(name, detail)
+    return _parallel(members, head, board, work, tolerate_all=tolerate_all)
 
 
 # -- the image ------------------------------------------------------------------------------------

@@ -206,13 +206,16 @@ def _offer(allowed: bool, reason: str, busy: Job | None = None) -> dict:
 def _actions(cluster: Cluster, busy: Job | None) -> dict:
     state = cluster.state
     label = cluster.get_state_display()
+    # Stop and Delete win over a start or a repair under way (it is asked to end); not over a stop.
+    cancellable = busy is not None and busy.kind in (services.START_KIND, services.ADD_KIND, services.REJOIN_KIND)
+    stoppable_busy = None if cancellable else busy
     return {
         "check": _offer(state in CHECKED, f"{cluster.name} is {label}: checks look at a running cluster."),
-        "stop": _offer(state in CAN_STOP, f"{cluster.name} is {label}.", busy),
+        "stop": _offer(state in CAN_STOP, f"{cluster.name} is {label}.", stoppable_busy),
         "start": _offer(state in CAN_START, "Start is for a stopped cluster.", busy),
         "retry": _offer(state in CAN_RETRY, "There is nothing to try again.", busy),
         "add": _offer(state == ClusterState.RUNNING, f"Machines join a running cluster; {cluster.name} is {label}.", busy),
-        "delete": _offer(state != ClusterState.DELETING, f"{cluster.name} is already being deleted.", busy),
+        "delete": _offer(state != ClusterState.DELETING, f"{cluster.name} is already being deleted.", stoppable_busy),
         "deploy": _offer(False, DEPLOY_LATER),
         "switch": _offer(state not in (ClusterState.STOPPING, ClusterState.DELETING), f"{cluster.name} is {label}.", busy),
         "network": _offer(state not in (ClusterState.STOPPING, ClusterState.DELETING), f"{cluster.name} is {label}.", busy),
@@ -400,50 +403,29 @@ def _refused(request, exc: ValidationError) -> None:
     messages.error(request, " ".join(exc.messages))
 
 
-@require_POST
-def cluster_retry(request, pk: int):
-    cluster = get_object_or_404(Cluster, pk=pk)
-    try:
-        services.cluster_retry(cluster=cluster, user=request.user)
-    except ValidationError as exc:
-        _refused(request, exc)
-    return redirect(cluster)
+def _button(service: str, done: str = ""):
+    """A POST button of the cluster's page: call the service (looked up when called), say what
+    happens now or why not, and go back to the page, which shows the rest live."""
+
+    @require_POST
+    def view(request, pk: int):
+        cluster = get_object_or_404(Cluster, pk=pk)
+        try:
+            getattr(services, service)(cluster=cluster, user=request.user)
+        except ValidationError as exc:
+            _refused(request, exc)
+        else:
+            if done:
+                messages.success(request, done.format(name=cluster.name))
+        return redirect(cluster)
+
+    return view
 
 
-@require_POST
-def cluster_stop(request, pk: int):
-    cluster = get_object_or_404(Cluster, pk=pk)
-    try:
-        services.cluster_stop(cluster=cluster, user=request.user)
-    except ValidationError as exc:
-        _refused(request, exc)
-    else:
-        messages.success(request, f"Stopping {cluster.name}: Ray and the runtime stop on every machine.")
-    return redirect(cluster)
-
-
-@require_POST
-def cluster_start(request, pk: int):
-    cluster = get_object_or_404(Cluster, pk=pk)
-    try:
-        services.cluster_start(cluster=cluster, user=request.user)
-    except ValidationError as exc:
-        _refused(request, exc)
-    else:
-        messages.success(request, f"Starting {cluster.name} on its machines.")
-    return redirect(cluster)
-
-
-@require_POST
-def cluster_check(request, pk: int):
-    cluster = get_object_or_404(Cluster, pk=pk)
-    try:
-        services.cluster_check_now(cluster=cluster, user=request.user)
-    except ValidationError as exc:
-        _refused(request, exc)
-    else:
-        messages.info(request, f"Looking at {cluster.name} now: the result appears under Advanced → Health checks.")
-    return redirect(cluster)
+cluster_retry = _button("cluster_retry")
+cluster_stop = _button("cluster_stop", "Stopping {name}: Ray and the runtime stop on every machine.")
+cluster_start = _button("cluster_start", "Starting {name} on its machines.")
+cluster_check = _button("cluster_check_now", "Looking at {name} now: the result appears under Advanced → Health checks.")
 
 
 def cluster_delete(request, pk: int):

@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from console.choices import JobState, StepState
 from console.models import Job
+from console.ticker import Ticker
 
 log = logging.getLogger(__name__)
 
@@ -141,31 +141,19 @@ def _stale_before():
     return timezone.now() - timedelta(seconds=settings.FADEN_JOB_STALE)
 
 
-class _Beat:
-    """Beats the job's row while the work runs, from a thread with its own connection."""
+class _Beat(Ticker):
+    """Beats the job's row while the work runs."""
 
     def __init__(self, job_id: int, resumes: int):
+        super().__init__(f"job-beat-{job_id}")
         self._job_id, self._resumes = job_id, resumes
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"job-beat-{job_id}", daemon=True)
 
-    def __enter__(self):
-        self._thread.start()
-        return self
+    def every(self) -> float:
+        return settings.FADEN_JOB_BEAT
 
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(settings.FADEN_JOB_BEAT):
-                # Only this run's beat: a run the reaper handed to another worker is not ours any more.
-                Job.objects.filter(pk=self._job_id, state=JobState.RUNNING, resumes=self._resumes).update(beat_at=timezone.now())
-        except Exception:  # noqa: BLE001 - a missed beat is the reaper's business, not the job's
-            log.exception("job %s: beat failed", self._job_id)
-        finally:
-            connections.close_all()
+    def tick(self) -> None:
+        # Only this run's beat: a run the reaper handed to another worker is not ours any more.
+        Job.objects.filter(pk=self._job_id, state=JobState.RUNNING, resumes=self._resumes).update(beat_at=timezone.now())
 
 
 def job_run(job_id: int, work: Callable[[JobContext], None], *, on_change: Callable[[Job], None]) -> Job:

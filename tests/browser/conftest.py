@@ -13,7 +13,13 @@ PASSWORD = "a-browser-test-password"
 
 
 @pytest.fixture
-def console(transactional_db, settings):
+def console_options() -> dict:
+    """What the console's processes get: a test module overrides this (beat, shortened intervals)."""
+    return {}
+
+
+@pytest.fixture
+def console(transactional_db, settings, console_options):
     """The console's URL; its web server and worker see what the test writes (committed)."""
     if not os.path.exists(CHROMIUM):
         pytest.skip("browser tests need Chromium (apt-get install chromium)")
@@ -22,7 +28,7 @@ def console(transactional_db, settings):
     admin = UserFactory(username="admin")
     admin.set_password(PASSWORD)
     admin.save()
-    with console_processes() as processes:
+    with console_processes(**console_options) as processes:
         yield processes.url
 
 

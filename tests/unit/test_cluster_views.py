@@ -106,12 +106,21 @@ def test_deploy_a_model_is_disabled_and_says_where_models_are_deployed_from(admi
     assert views.DEPLOY_LATER in html
 
 
-def test_a_busy_cluster_disables_stop_and_names_the_operation_under_way(admin_client, build):
+def test_a_busy_cluster_disables_its_buttons_and_names_the_operation_under_way(admin_client, build):
+    cluster = make_cluster(build)
+    Job.objects.create(kind="cluster.stop", title="Stop gpu-room", target_type="cluster", target_id=cluster.pk, state="running")
+    html = page(admin_client, cluster)
+    assert "disabled" in button(html, "Stop")
+    assert "disabled" in button(html, "Add machines")
+    assert "Stop gpu-room is running: one operation at a time." in html
+
+
+def test_stop_stays_offered_while_machines_join_because_it_wins_over_them(admin_client, build):
     cluster = make_cluster(build)
     Job.objects.create(kind="cluster.add", title="Add lab-d to gpu-room", target_type="cluster", target_id=cluster.pk, state="running")
     html = page(admin_client, cluster)
-    assert "disabled" in button(html, "Stop")
-    assert "Add lab-d to gpu-room is running: one operation at a time." in html
+    assert "disabled" not in button(html, "Stop")
+    assert "disabled" in button(html, "Add machines")
 
 
 # -- what the buttons do --------------------------------------------------------------------------

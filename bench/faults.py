@@ -1,0 +1,478 @@
+#!/usr/bin/env python
+"""Failures on a running three-machine lab cluster: when the console first showed each one, and
+when the cluster read Running again. Writes the table to docs/resilience.md.
+
+    sudo flock /tmp/fadenstack-lab-user.lock .venv/bin/python bench/faults.py          # the product's intervals
+    sudo flock /tmp/fadenstack-lab-user.lock .venv/bin/python bench/faults.py --fast   # the lab tests' intervals
+
+It brings the lab up (a state directory of its own), starts a whole console in processes of its
+own (Daphne, a Celery worker and beat: tests/processes.py) on a throwaway SQLite database and
+Redis database 6, enrols lab-a, lab-b and lab-c through the worker, starts a cluster on them
+(lab-a the head, on the fabric network) and then, one at a time, on the running cluster:
+
+- Ray killed on a worker (lab-b) and on the head (lab-a);
+- lab-b's fabric link down for --link-down seconds, then up;
+- a worker (lab-c) powered off until the console waits for it, then on (--no-worker-power: not);
+- the head (lab-a) powered off until the cluster reads Failed after its restarts, then on.
+
+From each fault on it polls the database (what the pages show) every 0.2 s. "First sign": a member
+leaves Up, the cluster leaves Running or its reason is no longer empty, whichever comes first.
+"Ready again": Running, every member Up, no reason. Every health check, job and state change it
+saw is kept in the file's timelines. The lab goes down at the end, also after an error.
+"""
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone as tz
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+POLL = 0.2
+CLUSTER = "faults"
+MACHINES = ("lab-a", "lab-b", "lab-c")
+# What the report states, in this order: the product's settings and the beat's fixed ticks.
+SHOWN = ("FADEN_HEALTH_INTERVAL", "FADEN_HEALTH_LOOK_AGAIN", "FADEN_RESTART_ATTEMPTS", "FADEN_RESTART_PAUSE",
+         "FADEN_FAILED_RETRY", "FADEN_RETRY_TICK", "FADEN_HEARTBEAT_INTERVAL", "FADEN_OFFLINE_AFTER",
+         "FADEN_JOB_BEAT", "FADEN_JOB_STALE", "FADEN_SSH_CONNECT_TIMEOUT")
+TICKS = {"FADEN_RETRY_TICK": 15, "FADEN_JOB_REAP_TICK": 15}  # beat schedule defaults in console/settings.py
+
+
+def lab(*args: str, check: bool = True) -> str:
+    result = subprocess.run([sys.executable, "-m", "lab", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"faden lab {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+class TimedOut(Exception):
+    pass
+
+
+@dataclass
+class Snapshot:
+    state: str
+    reason: str
+    members: dict  # name -> (state, display, reason)
+
+    @property
+    def all_up(self) -> bool:
+        from clusters.choices import ClusterState, MemberState
+
+        return (self.state == ClusterState.RUNNING and not self.reason
+                and all(s == MemberState.JOINED for s, _, _ in self.members.values()))
+
+
+@dataclass
+class Row:
+    failure: str
+    first_sign: tuple[float, str] | None = None
+    ready: float | None = None  # from the fault
+    repaired_at: float | None = None  # power-on / link-up, from the fault
+    failed_at: float | None = None  # the cluster read Failed, from the fault
+    phase: float | None = None  # the fault came this long after the last scheduled check began
+    did: list[str] = field(default_factory=list)
+    timeline: list[tuple[float, str]] = field(default_factory=list)
+    note: str = ""
+
+
+class Watch:
+    """The console's database from one fault on, polled every 0.2 s: every change an administrator
+    would have seen on the cluster's page (states, words, checks, jobs) and on the machines' page."""
+
+    def __init__(self, cluster_id: int, row: Row):
+        from clusters.choices import CheckTrigger
+        from clusters.models import HealthCheck
+        from django.utils import timezone
+
+        self.cluster_id, self.row = cluster_id, row
+        self.last = self.snapshot()
+        self.machines = self.machine_states()
+        self.checks: set[int] = set()
+        self.jobs: dict[int, str] = {}
+        self.since = timezone.now()
+        self.t0 = time.monotonic()
+        scheduled = HealthCheck.objects.filter(cluster_id=cluster_id, trigger=CheckTrigger.SCHEDULE).first()
+        if scheduled:
+            row.phase = (self.since - scheduled.started_at).total_seconds()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def snapshot(self) -> Snapshot:
+        from clusters.models import Cluster
+
+        cluster = Cluster.objects.get(pk=self.cluster_id)
+        members = {m.machine.name: (m.state, m.get_state_display(), m.state_reason)
+                   for m in cluster.members.select_related("machine").order_by("machine__name")}
+        return Snapshot(cluster.state, cluster.state_reason, members)
+
+    def machine_states(self) -> dict:
+        from machines.models import Machine
+
+        return {m.name: (m.get_state_display(), m.state_reason) for m in Machine.objects.filter(membership__cluster_id=self.cluster_id)}
+
+    def log(self, t: float, words: str) -> None:
+        self.row.timeline.append((t, words))
+
+    def poll(self) -> Snapshot:
+        from clusters.choices import MemberState
+        from clusters.models import Cluster, HealthCheck
+        from console.choices import JOB_TERMINAL
+        from console.models import Job
+
+        t = self.now()
+        snap = self.snapshot()
+        cluster_words = f"cluster {Cluster(state=snap.state).get_state_display()}" + (f": {snap.reason}" if snap.reason else "")
+        if (snap.state, snap.reason) != (self.last.state, self.last.reason):
+            self.log(t, cluster_words)
+        member_words = []
+        for name, (state, display, reason) in snap.members.items():
+            words = f"{name} {display}" + (f": {reason}" if reason else "")
+            if self.last.members.get(name) != (state, display, reason):
+                self.log(t, words)
+            if state != MemberState.JOINED:
+                member_words.append(words)
+        if self.row.first_sign is None and not snap.all_up:
+            self.row.first_sign = (t, "; ".join(member_words) if member_words else cluster_words)
+        machines = self.machine_states()
+        for name, value in machines.items():
+            if self.machines.get(name) != value:
+                self.log(t, f"machine {name} {value[0]}" + (f": {value[1]}" if value[1] else ""))
+        self.machines = machines
+        for check in HealthCheck.objects.filter(cluster_id=self.cluster_id, finished_at__gte=self.since).exclude(
+                pk__in=self.checks).order_by("finished_at"):
+            self.checks.add(check.pk)
+            began = (check.started_at - self.since).total_seconds()
+            self.log(t, f"check ({check.get_trigger_display()}, began {began:+.1f} s, {check.seconds:.1f} s) "
+                        f"{check.get_outcome_display()}: {check.action}")
+            self.row.did.append(f"{check.get_outcome_display()} ({check.get_trigger_display().lower()}): {check.action}")
+        for job in Job.objects.filter(target_type="cluster", target_id=self.cluster_id, created_at__gte=self.since).order_by("pk"):
+            if job.pk not in self.jobs:
+                self.log(t, f"job “{job.title}” queued")
+            if job.state in JOB_TERMINAL and self.jobs.get(job.pk) not in JOB_TERMINAL:
+                took = (job.finished_at - (job.started_at or job.created_at)).total_seconds()
+                error = f": {job.error}" if job.error else ""
+                self.log(t, f"job “{job.title}” {job.get_state_display().lower()} after {took:.1f} s{error}")
+                short = error if len(error) < 160 else error[:157] + "…"
+                self.row.did.append(f"job “{job.title}” {job.get_state_display().lower()} ({took:.0f} s){short}")
+            self.jobs[job.pk] = job.state
+        self.last = snap
+        return snap
+
+    def until(self, condition, *, timeout: float, what: str) -> float:
+        """Poll until ``condition(snapshot)`` holds; seconds from the fault. TimedOut after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            began = time.monotonic()
+            if condition(self.poll()):
+                return self.now()
+            if began > deadline:
+                raise TimedOut(f"{what}: not within {timeout:.0f} s")
+            time.sleep(max(0.0, POLL - (time.monotonic() - began)))
+
+    def saw(self, outcome: str) -> bool:
+        from clusters.models import HealthCheck
+
+        return HealthCheck.objects.filter(pk__in=self.checks, outcome=outcome).exists()
+
+
+class Bench:
+    def __init__(self, args, intervals: dict):
+        from django.conf import settings
+
+        self.args = args
+        self.value = {name: int(intervals.get(name, getattr(settings, name, TICKS.get(name, 0)))) for name in {*SHOWN, *TICKS}}
+        self.cluster_id = 0
+
+    # -- the cases ---------------------------------------------------------------------------
+    @property
+    def sign_timeout(self) -> float:
+        return 2 * self.value["FADEN_HEALTH_INTERVAL"] + self.value["FADEN_HEALTH_LOOK_AGAIN"] + 120
+
+    def fault(self, row: Row, machine: str, *kind: str) -> Watch:
+        from tests.lab_fixtures import lab_fault
+
+        watch = Watch(self.cluster_id, row)
+        lab_fault(machine, *kind)
+        watch.t0 = time.monotonic()  # the fault is in place
+        return watch
+
+    def ray_kill(self, machine: str, row: Row) -> None:
+        watch = self.fault(row, machine, "ray-kill")
+        watch.until(lambda s: not s.all_up, timeout=self.sign_timeout, what="a first sign")
+        row.ready = watch.until(lambda s: s.all_up, timeout=900, what="Running again")
+
+    def worker_ray(self, row: Row) -> None:
+        self.ray_kill("lab-b", row)
+
+    def head_ray(self, row: Row) -> None:
+        self.ray_kill("lab-a", row)
+
+    def worker_link(self, row: Row) -> None:
+        watch = self.fault(row, "lab-b", "link-down", "fabric")
+        try:
+            watch.until(lambda s: False, timeout=self.args.link_down, what="")
+        except TimedOut:
+            pass
+        finally:
+            from tests.lab_fixtures import lab_fault
+
+            lab_fault("lab-b", "link-up", "fabric")
+            row.repaired_at = watch.now()
+        try:
+            # Nothing shown yet: it may still show at the next check (Ray marks a node dead late).
+            watch.until(lambda s: not s.all_up, timeout=self.sign_timeout, what="a first sign")
+        except TimedOut:
+            if row.first_sign is None:
+                row.note = f"Nothing showed within {watch.now():.0f} s of the fault: the cluster never left Running."
+                return
+        row.ready = watch.until(lambda s: s.all_up, timeout=900, what="Running again")
+
+    def worker_power(self, row: Row) -> None:
+        from clusters.choices import CheckOutcome
+        from tests.lab_fixtures import lab_fault
+
+        watch = self.fault(row, "lab-c", "power-off")
+        try:  # off until the console says it waits for lab-c, as it does while a worker is offline
+            watch.until(lambda s: watch.saw(CheckOutcome.WAITING), timeout=self.sign_timeout + self.value["FADEN_OFFLINE_AFTER"],
+                        what="a check that waits for lab-c")
+        except TimedOut as exc:
+            row.note = f"Powered on without a check that waited for lab-c ({exc})."
+        lab_fault("lab-c", "power-on")
+        row.repaired_at = watch.now()
+        row.ready = watch.until(lambda s: s.all_up, timeout=900, what="Running again")
+
+    def head_power(self, row: Row) -> None:
+        from clusters.choices import ClusterState
+        from tests.lab_fixtures import lab_fault
+
+        v = self.value
+        pauses = sum(v["FADEN_RESTART_PAUSE"] * 2 ** i for i in range(v["FADEN_RESTART_ATTEMPTS"] - 1))
+        timeout = self.sign_timeout + pauses + v["FADEN_RESTART_ATTEMPTS"] * (v["FADEN_RETRY_TICK"] + 240)
+        watch = self.fault(row, "lab-a", "power-off")
+        try:
+            row.failed_at = watch.until(lambda s: s.state == ClusterState.FAILED, timeout=timeout, what="Failed")
+        finally:
+            lab_fault("lab-a", "power-on")
+            row.repaired_at = watch.now()
+        row.ready = watch.until(lambda s: s.all_up, timeout=900, what="Running again")
+
+    CASES = {
+        "worker-ray": ("Ray killed on a worker (lab-b)", worker_ray),
+        "head-ray": ("Ray killed on the head (lab-a)", head_ray),
+        "worker-link": ("lab-b's fabric link down {link} s, then up", worker_link),
+        "worker-power": ("A worker (lab-c) powered off until the console waits for it, then on", worker_power),
+        "head-power": ("The head (lab-a) powered off until Failed, then on", head_power),
+    }
+
+    def settle(self) -> None:
+        """Every fault undone, then Running with every member Up and no operation under way."""
+        from clusters import services
+        from clusters.models import Cluster
+        from tests.integration.test_cluster_life_lab import all_up
+        from tests.lab_fixtures import lab_fault
+
+        for machine in MACHINES:
+            lab_fault(machine, "power-on")
+            lab_fault(machine, "link-up", "fabric")
+        deadline = time.monotonic() + 900
+        while not (all_up(CLUSTER, len(MACHINES)) and not services.cluster_busy(Cluster.objects.get(name=CLUSTER))):
+            if time.monotonic() > deadline:
+                raise TimedOut("the cluster did not read Running with every machine Up again within 900 s")
+            time.sleep(1)
+
+    def run(self, names: list[str]) -> list[Row]:
+        rows = []
+        for name in names:
+            title, case = self.CASES[name]
+            row = Row(title.format(link=self.args.link_down))
+            print(f"-- {row.failure}", flush=True)
+            started = time.monotonic()
+            try:
+                case(self, row)
+            except TimedOut as exc:
+                row.note = (row.note + " " if row.note else "") + f"Gave up: {exc}."
+            for t, words in row.timeline:
+                print(f"   {t:7.1f} s  {words}", flush=True)
+            print(f"   ({time.monotonic() - started:.0f} s)", flush=True)
+            rows.append(row)
+            try:
+                self.settle()
+            except TimedOut as exc:
+                row.note = (row.note + " " if row.note else "") + f"Afterwards: {exc}; the remaining failures were not run."
+                break
+        return rows
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+def cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+def host_line() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.machine())
+    mem = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal"))) / 2**20
+    return f"{os.cpu_count()} CPUs (`nproc`) {cpu}, {mem:.0f} GiB memory, Linux {platform.release()}"
+
+
+def report(bench: Bench, rows: list[Row], *, command: str, wall: float, stated: list[str]) -> str:
+    v = bench.value
+    pause = v["FADEN_RESTART_PAUSE"]
+    pauses = ", ".join(f"{pause * 2 ** i} s" for i in range(v["FADEN_RESTART_ATTEMPTS"] - 1))
+    lines = [
+        "# Resilience: failures on a running cluster",
+        "",
+        "Written by `bench/faults.py`; every run rewrites this file. What it does: a whole console in processes of",
+        "its own (Daphne, one Celery worker, beat) on a throwaway SQLite database, the lab's lab-a, lab-b and lab-c",
+        "enrolled through the worker and started as one cluster (lab-a the head, on the fabric network",
+        "198.18.1.0/24); then one failure at a time, each undone and the cluster back to Running with every machine",
+        "Up before the next. From each fault on the bench reads the console's database every 0.2 s, which is what",
+        "the pages show.",
+        "",
+        f"- Run: {datetime.now(tz.utc):%Y-%m-%d %H:%M} UTC, `{command}`, {wall / 60:.1f} minutes in all.",
+        f"- Host: {host_line()}; Ray {metadata.version('ray')}. The three machines share these cores.",
+        "- Intervals: " + ", ".join(f"{name}={v[name]}" for name in SHOWN) + "; machines are marked offline by a beat tick "
+        "every 10 s.",
+        "- " + ("; ".join(stated) if stated else "Every interval is the product's default: what an administrator sees."),
+        "",
+        "**First sign**: seconds from the fault until the cluster's page first showed it (a machine no longer Up, the",
+        "cluster no longer Running, or words under its state), and what it said. **Ready again**: seconds until",
+        "Running with every machine Up and no words, from the fault, and for a fault that was undone (link up, power",
+        "on) also from that.",
+        "",
+        "| failure | first sign (s, and what) | ready again (s) | what the console said and did |",
+        "| --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        sign = f"{row.first_sign[0]:.1f}: {row.first_sign[1]}" if row.first_sign else "none"
+        ready = seconds(row.ready)
+        if row.repaired_at is not None and row.ready is not None:
+            undo = "link-up" if "link" in row.failure else "power-on"
+            ready += f" ({row.ready - row.repaired_at:.1f} after {undo} at {row.repaired_at:.1f})"
+        if row.failed_at is not None:
+            ready = f"Failed after {row.failed_at:.1f}; ready {ready}"
+        did = " → ".join(row.did) or "nothing"
+        failure = row.failure + (f" (fault {row.phase:.0f} s after the last scheduled check began)" if row.phase is not None else "")
+        if row.note:
+            did += f" *{row.note}*"
+        lines.append(f"| {cell(failure)} | {cell(sign)} | {cell(ready)} | {cell(did)} |")
+    lines += [
+        "",
+        "## How to read it",
+        "",
+        f"- A failure the console finds by looking (Ray killed, a link down) shows at the next scheduled check, every "
+        f"{v['FADEN_HEALTH_INTERVAL']} s: from 0 to {v['FADEN_HEALTH_INTERVAL']} s after the fault, "
+        f"{v['FADEN_HEALTH_INTERVAL'] / 2:.0f} s on average. Each failure says how long after the last scheduled check it came, "
+        f"so its first sign is about {v['FADEN_HEALTH_INTERVAL']} s minus that, plus the check's own seconds.",
+        f"- Nothing is repaired on the first look: a second look follows {v['FADEN_HEALTH_LOOK_AGAIN']} s later "
+        "(\"Looking again\"), on purpose: a slow answer is not a dead head. Only then does a worker join again or the "
+        "whole cluster restart, so a repair starts at least that long after the first sign.",
+        f"- A worker out of Ray joins again while the other machines keep serving; a head that stopped restarts the "
+        f"whole cluster, up to {v['FADEN_RESTART_ATTEMPTS']} times with pauses of {pauses} between restarts (and the "
+        f"retry tick of {v['FADEN_RETRY_TICK']} s), then Failed, tried again every {v['FADEN_FAILED_RETRY'] // 60 or 1} minutes.",
+        f"- A machine without a heartbeat for {v['FADEN_OFFLINE_AFTER']} s (it beats every {v['FADEN_HEARTBEAT_INTERVAL']} s) "
+        "reads Offline. No worker is repaired while a machine is offline; the heartbeat after power-on marks it "
+        "reconnected, which checks the cluster at once, and a Failed cluster whose head reconnected starts over "
+        "without waiting for its retry.",
+        "",
+        "## Timelines",
+        "",
+        "Seconds from the fault; every change the bench saw (checks and jobs when they finished).",
+    ]
+    for row in rows:
+        lines += ["", f"### {row.failure}", ""]
+        lines += [f"- {t:.1f} s: {words}" for t, words in row.timeline] or ["- nothing changed"]
+        if row.note:
+            lines.append(f"- {row.note}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fast", action="store_true", help="the lab tests' shortened intervals instead of the product's")
+    parser.add_argument("--health-interval", type=int, help="FADEN_HEALTH_INTERVAL (s); stated in the report")
+    parser.add_argument("--restart-pause", type=int, help="FADEN_RESTART_PAUSE (s); stated in the report")
+    parser.add_argument("--link-down", type=float, default=20, help="seconds lab-b's fabric link stays down (default 20)")
+    parser.add_argument("--no-worker-power", action="store_true", help="leave out the worker powered off")
+    parser.add_argument("--cases", help=f"a comma-separated subset of {','.join(Bench.CASES)}")
+    parser.add_argument("--out", default=str(ROOT / "docs/resilience.md"))
+    args = parser.parse_args()
+    names = args.cases.split(",") if args.cases else [n for n in Bench.CASES if not (args.no_worker_power and n == "worker-power")]
+    if unknown := set(names) - set(Bench.CASES):
+        parser.error(f"unknown cases: {', '.join(sorted(unknown))}")
+
+    started = time.monotonic()
+    data_dir = Path(tempfile.mkdtemp(prefix="fadenstack-bench-"))
+    os.environ.update(
+        FADEN_DATA_DIR=str(data_dir),
+        FADEN_LAB_DIR=str(data_dir / "lab"),
+        DATABASE_URL=f"sqlite:///{data_dir}/bench.sqlite3",
+        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/6"),
+        DJANGO_SETTINGS_MODULE="console.settings",
+        FADEN_CELERY_EAGER="0",
+        FADEN_LOG_LEVEL="WARNING",
+    )
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from clusters import images
+    from machines.choices import MachineState
+    from machines.models import Machine
+    from machines.remote import console_key_path, console_public_key
+    from machines.services import machine_create
+    from tests.integration.test_cluster_life_lab import IMAGE_MIB, INTERVALS, running, wait_for
+    from tests.lab_fixtures import lab_status
+    from tests.processes import console_processes
+
+    intervals, stated = (dict(INTERVALS), ["Shortened intervals (--fast, the lab tests' own)"]) if args.fast else ({}, [])
+    for option, name in (("health_interval", "FADEN_HEALTH_INTERVAL"), ("restart_pause", "FADEN_RESTART_PAUSE")):
+        if getattr(args, option) is not None:
+            intervals[name] = str(getattr(args, option))
+            stated.append(f"{name}={intervals[name]} instead of the default (--{option.replace('_', '-')})")
+    bench = Bench(args, intervals)
+
+    call_command("migrate", verbosity=0)
+    console_public_key()
+    lab("up", "--authorized-key", str(console_key_path().with_suffix(".pub")))
+    try:
+        with console_processes(beat=True, env=intervals, enqueue=True):
+            status = {m["name"]: m for m in lab_status()["machines"]}
+            for name in MACHINES:
+                machine_create(name=name, address=status[name]["address"], ssh_port=22, ssh_user="root",
+                               host_key_fingerprint=status[name]["host_key_fingerprint"])
+            machines = [wait_for(lambda n=n: Machine.objects.filter(name=n, state=MachineState.HEALTHY).first(),
+                                 timeout=120, what=f"{n} to enrol") for n in MACHINES]
+            built = lab("images", "--size-mib", str(IMAGE_MIB), "--out", str(data_dir / "images"))
+            for line in built.splitlines():
+                if line.strip().endswith(".img"):
+                    images.runtime_image_import(path=Path(line.split()[-1]))
+            bench.cluster_id = running(CLUSTER, machines, timeout=300).pk
+            print(f"cluster {CLUSTER} running on {', '.join(MACHINES)} after {time.monotonic() - started:.0f} s", flush=True)
+            rows = bench.run(names)
+    finally:
+        lab("down", check=False)
+    wall = time.monotonic() - started
+    command = " ".join([".venv/bin/python", os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
+    text = report(bench, rows, command=command, wall=wall, stated=stated)
+    Path(args.out).write_text(text)
+    print(text)
+    print(f"written to {args.out} ({wall / 60:.1f} minutes)")
+
+
+if __name__ == "__main__":
+    main()

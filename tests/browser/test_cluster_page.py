@@ -1,0 +1,100 @@
+"""A running cluster's page in Chromium, on the lab, with a real worker and beat: Ray killed on a
+worker and the page saying what the console does until it is back by itself; stop, start, add a
+machine and delete from the buttons, every change arriving live."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+from clusters import images, services
+from clusters.choices import ClusterState
+from clusters.models import Cluster
+from machines.choices import MachineState
+from machines.models import Machine
+from machines.services import machine_create
+from tests.lab_fixtures import LAB_CONSOLE_ADDRESS, lab_fault
+
+pytestmark = [pytest.mark.browser, pytest.mark.lab, pytest.mark.django_db(transaction=True)]
+
+FABRIC = "198.18.1.0/24"
+LIVE = 60000  # ms: what a page waits for a push
+
+
+@pytest.fixture
+def console_options():
+    return {"beat": True, "env": {"FADEN_HEALTH_INTERVAL": "5", "FADEN_HEALTH_LOOK_AGAIN": "3"}}
+
+
+@pytest.fixture
+def gpu_room(console, settings, lab, lab_dir, lab_machine):
+    """lab-a and lab-b running as gpu-room (started in this process), lab-c enrolled and free."""
+    settings.FADEN_CONSOLE_URL = f"http://{LAB_CONSOLE_ADDRESS}:{console.rsplit(':', 1)[1]}"  # heartbeats reach the console
+    built = subprocess.run([sys.executable, "-m", "lab", "images", "--size-mib", "48", "--out", f"{lab_dir}/images"],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    for line in built.stdout.split():
+        images.runtime_image_import(path=Path(line))
+    machines = [machine_create(name=name, address=lab_machine(name)["address"],
+                               host_key_fingerprint=lab_machine(name)["host_key_fingerprint"])
+                for name in ("lab-a", "lab-b", "lab-c")]
+    assert Machine.objects.filter(state=MachineState.HEALTHY).count() == 3
+    cluster = services.cluster_create(name="gpu-room", machine_ids=[m.pk for m in machines[:2]], head_id=machines[0].pk,
+                                      network=FABRIC)
+    cluster.refresh_from_db()
+    assert cluster.state == ClusterState.RUNNING, cluster.state_reason
+    yield cluster
+    for machine in Machine.objects.all():
+        from machines import remote
+        from machines.services import machine_target
+
+        with remote.connect(machine_target(machine)) as conn:
+            remote.run_agent(conn, machine.agent_command("runtime", "stop"), timeout=60)
+            remote.run_agent(conn, machine.agent_command("image", "serve", "stop"), timeout=60)
+            remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/images", "/var/lib/fadenstack/runtime"])
+
+
+def member_row(page, name: str):
+    return page.locator("#cluster-members tr", has=page.locator(f"a:text-is('{name}')"))
+
+
+def test_the_page_says_what_the_console_does_about_a_killed_worker_and_its_buttons_work(page, gpu_room):
+    page.goto(f"/clusters/{gpu_room.pk}/")
+    header = page.locator("#cluster-header")
+    expect(header.locator(".badge").first).to_have_text("Running")
+    wiring = page.locator("#cluster-members")
+    expect(wiring.locator("svg")).to_contain_text("lab-a")
+    expect(wiring.locator("svg")).to_contain_text("lab-b")
+
+    # Ray killed on a worker: nobody presses a button; the page says what is found and done.
+    lab_fault("lab-b", "ray-kill")
+    expect(member_row(page, "lab-b")).to_contain_text(re.compile("Out of the cluster|Joining again"), timeout=LIVE)
+    expect(member_row(page, "lab-b")).to_contain_text("Up", timeout=LIVE * 2)
+    expect(page.locator("#cluster-status")).to_contain_text("2")
+    page.click("#advanced summary")
+    expect(page.locator("#cluster-checks")).to_contain_text("Taking lab-b out of Ray", timeout=LIVE)
+
+    # Stop, through its confirmation, then Start: both arrive live.
+    page.click("button:text-is('Stop')")
+    page.click("#stop-dialog button:text('Stop the cluster')")
+    expect(header.locator(".badge").first).to_have_text("Stopped", timeout=LIVE)
+    page.click("#cluster-header button:text-is('Start')")
+    expect(header.locator(".badge").first).to_have_text("Running", timeout=LIVE * 2)
+
+    # Add lab-c: it gets the image from a machine of the cluster and the totals grow.
+    page.click("a:text-is('Add machines')")
+    page.check("input[name=machines]:not([disabled])")
+    page.click("button:text-is('Add')")
+    page.wait_for_url(re.compile(rf"/clusters/{gpu_room.pk}/"))
+    expect(member_row(page, "lab-c")).to_contain_text("Up", timeout=LIVE * 2)
+    expect(member_row(page, "lab-c")).to_contain_text(re.compile("from lab-[ab]"))
+
+    # Delete: a running cluster is stopped first; its row leaves the list by itself.
+    page.click("#cluster-header a:text-is('Delete')")
+    page.click("button:text('Delete gpu-room')")
+    page.wait_for_url(re.compile(r"/clusters/$"))
+    expect(page.locator("main")).not_to_contain_text("gpu-room", timeout=LIVE)
+    assert not Cluster.objects.exists()
+    assert Machine.objects.filter(membership__isnull=True).count() == 3
