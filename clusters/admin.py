@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from clusters.models import Cluster, ClusterMember, RuntimeImage
+from clusters.models import Cluster, ClusterMember, HealthCheck, RuntimeImage
 
 
 class MemberInline(admin.TabularInline):
@@ -10,13 +10,35 @@ class MemberInline(admin.TabularInline):
 
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
-    list_display = ["name", "state", "network", "created_at"]
+    """Records only: states change through the cluster's page and the API, which run the jobs that make them true."""
+
+    list_display = ["name", "state", "network", "restart_attempt", "next_retry_at", "created_at"]
+    list_filter = ["state"]
+    search_fields = ["name"]
+    readonly_fields = ["state", "state_reason", "state_changed_at", "start_attempts", "restart_attempt", "next_retry_at",
+                       "last_status", "last_status_at"]
     inlines = [MemberInline]
 
 
 @admin.register(ClusterMember)
 class ClusterMemberAdmin(admin.ModelAdmin):
-    list_display = ["machine", "cluster", "role"]
+    list_display = ["machine", "cluster", "role", "state", "address"]
+    list_filter = ["state", "role"]
+
+
+@admin.register(HealthCheck)
+class HealthCheckAdmin(admin.ModelAdmin):
+    """What every check looked at, found and did: written by the checks, read here."""
+
+    list_display = ["cluster", "started_at", "trigger", "outcome", "action"]
+    list_filter = ["outcome", "trigger", "cluster"]
+    date_hierarchy = "started_at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(RuntimeImage)

@@ -81,6 +81,7 @@ class CheckTrigger(models.TextChoices):
     RECONNECT = "reconnect", "A machine reconnected"
     MANUAL = "manual", "Check now"
     SECOND_LOOK = "second_look", "Second look"
+    STARTED = "started", "After a start"  # fills the raw status and each machine's panel at once
 
 
 class CheckOutcome(models.TextChoices):

@@ -199,6 +199,7 @@ def clusters_check_due() -> list[int]:
 
     queued = []
     lost_after = timezone.now() - timedelta(seconds=settings.FADEN_HEALTH_LOOK_AGAIN + settings.FADEN_HEALTH_INTERVAL)
+    recent = timezone.now() - timedelta(seconds=settings.FADEN_HEALTH_INTERVAL / 2)
     for cluster in Cluster.objects.filter(state__in=CHECKED):
         if services.cluster_busy(cluster):
             continue
@@ -206,6 +207,8 @@ def clusters_check_due() -> list[int]:
         first_look = None
         if latest and latest.outcome == CheckOutcome.RUNNING and latest.started_at > lost_after:
             continue  # still looking
+        if latest and latest.trigger != CheckTrigger.SECOND_LOOK and latest.started_at > recent:
+            continue  # looked at lately: a second beat, or a check somebody asked for, counts
         if latest and latest.outcome == CheckOutcome.LOOK_AGAIN:
             if latest.started_at > lost_after:
                 continue  # its second look is due soon

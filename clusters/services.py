@@ -551,6 +551,14 @@ def cluster_check_now(*, cluster: Cluster, user=None) -> None:
     transaction.on_commit(lambda: cluster_check.delay(cluster.pk, CheckTrigger.MANUAL, f"by {who}"))
 
 
+def cluster_check_soon(*, cluster: Cluster) -> None:
+    """A check right after a start, so that the raw status and every machine's panel are filled at once
+    (it looks like any check; the start's own job has ended by the time it runs)."""
+    from clusters.tasks import cluster_check
+
+    transaction.on_commit(lambda: cluster_check.apply_async((cluster.pk, CheckTrigger.STARTED, ""), countdown=2))
+
+
 def cluster_rejoin(*, cluster: Cluster, member_ids: list[int], reason: str) -> Job:
     """A repair: members that dropped out of Ray are taken out and joined again; the others keep serving."""
     with transaction.atomic():

@@ -144,6 +144,7 @@ def _start(ctx: JobContext, cluster: Cluster, *, restart: bool) -> None:
         cluster.start_attempts = 0
         cluster.restart_attempt = 0
         cluster.save(update_fields=["start_attempts", "restart_attempt"])
+        services.cluster_check_soon(cluster=cluster)
 
 
 def start_abandoned(job) -> None:
