@@ -121,7 +121,9 @@ def cluster_check_run(*, cluster_id: int, trigger: str, detail: str = "", first_
     members = sorted(cluster.members.select_related("machine").order_by("machine__name"), key=head_first)
     looked, answers = look(cluster, members)
     findings = policy.diagnose(looked)
-    decision = policy.decide(findings, answered=policy.anyone_answered(looked), second_look=first_look_id is not None,
+    first = HealthCheck.objects.filter(pk=first_look_id).first() if first_look_id else None
+    confirmed = first is not None and policy.seen_twice(findings, ((f["machine"], f["problem"]) for f in first.found))
+    decision = policy.decide(findings, answered=policy.anyone_answered(looked), second_look=confirmed,
                              look_again_after=settings.FADEN_HEALTH_LOOK_AGAIN, restart_attempt=cluster.restart_attempt,
                              attempts=settings.FADEN_RESTART_ATTEMPTS)
     check.looked_at = _looked_at(cluster, members, answers)

@@ -163,9 +163,20 @@ def restart_failed(message: str, *, attempt: int, attempts: int, first_pause: in
         pause = first_pause * 2 ** (max(1, attempt) - 1)
         return RestartOutcome(RETRYING, pause, f"Restart {attempt} of {attempts} failed: {message} "
                                                 f"{restart_words(attempt + 1, attempts)} in {pause} s.")
-    every = f"{failed_retry // 60} minutes" if failed_retry >= 120 and failed_retry % 60 == 0 else f"{failed_retry} s"
     return RestartOutcome(FAILED, failed_retry, f"The cluster did not come back after {attempts} restarts: {message} "
-                                                f"It is tried again every {every}; select Try again to start over now.")
+                                                f"It is tried again every {every(failed_retry)}; select Try again to start over now.")
+
+
+def every(seconds: int) -> str:
+    """"15 minutes", or "90 s" when the minutes would not be whole."""
+    return f"{seconds // 60} minutes" if seconds >= 120 and seconds % 60 == 0 else f"{seconds} s"
+
+
+def seen_twice(findings: Sequence[Finding], first_look: Iterable[tuple[str, str]]) -> bool:
+    """A second look confirms a first only when it found nothing new: each problem, on its machine,
+    was there the first time. Anything new is looked at twice in its turn."""
+    before = set(first_look)
+    return all((f.machine, f.problem) in before for f in findings)
 
 
 # ------------------------------------------------------------------ delete

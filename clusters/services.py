@@ -282,7 +282,7 @@ def clusters_retry_due(*, now=None) -> list[int]:
                     continue
                 attempts = settings.FADEN_RESTART_ATTEMPTS
                 if cluster.state == ClusterState.FAILED:
-                    _start_job(cluster=cluster, restart=True, reason=f"Trying again, as every {settings.FADEN_FAILED_RETRY // 60 or 1} minutes after {attempts} failed restarts.")
+                    _start_job(cluster=cluster, restart=True, reason=f"Trying again, as every {policy.every(settings.FADEN_FAILED_RETRY)} after {attempts} failed restarts.")
                 elif cluster.restart_attempt:
                     cluster.restart_attempt += 1
                     cluster.save(update_fields=["restart_attempt"])

@@ -706,6 +706,21 @@ def test_a_worker_still_out_of_ray_on_the_second_look_joins_again_while_the_clus
     assert queued == [("cluster_job", job.pk)]
 
 
+def test_a_second_look_that_finds_a_new_problem_looks_again_instead_of_repairing_it(committed, queued, answers, room,
+                                                                                  gpu_a, gpu_b):
+    answers.update({"gpu-a": head_agent(gpu_a, [node(11), node(12, alive=False)]), "gpu-b": agent(gpu_b)})
+    first = check(committed, room)  # a worker out of Ray
+    queued.clear()
+    head_ray_stopped(answers, gpu_a, gpu_b)
+
+    second = check(committed, room, trigger=CheckTrigger.SECOND_LOOK, first_look=first)  # now the head is down
+
+    assert second.outcome == CheckOutcome.LOOK_AGAIN
+    assert second.action.startswith("Looking again")
+    assert jobs_of(room) == [] and fresh(room).restart_attempt == 0
+    assert [q[2] for q in queued] == [CheckTrigger.SECOND_LOOK]
+
+
 def test_a_head_back_by_the_second_look_reads_up_again_and_nothing_is_repaired(committed, queued, answers, room, gpu_a, gpu_b):
     head_ray_stopped(answers, gpu_a, gpu_b)
     first = check(committed, room)

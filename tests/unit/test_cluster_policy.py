@@ -508,3 +508,16 @@ def test_the_machine_with_the_most_accelerators_leads_once_the_head_left_and_the
     assert next_head([ARM, FREE, GPU_B]) == GPU_B.id
     assert next_head([ARM]) == ARM.id
     assert next_head([]) is None
+
+
+def test_a_second_look_confirms_only_problems_the_first_look_found_on_the_same_machine():
+    out = Finding(2, "lab-b", OUT_OF_RAY, "Ray is not running on lab-b.")
+    head = Finding(1, "lab-a", HEAD_DOWN, "Ray is not running on the head lab-a.")
+
+    assert policy.seen_twice([out], [("lab-b", OUT_OF_RAY)])
+    assert not policy.seen_twice([out, head], [("lab-b", OUT_OF_RAY)])
+    assert not policy.seen_twice([out], [("lab-c", OUT_OF_RAY)])
+
+
+def test_the_failed_retry_is_said_in_whole_minutes_or_in_seconds():
+    assert policy.every(900) == "15 minutes" and policy.every(90) == "90 s" and policy.every(60) == "60 s"
