@@ -324,7 +324,7 @@ class Bench:
         from clusters.choices import CheckOutcome
         from clusters.models import Cluster, HealthCheck
         from console.models import Job
-        from tests.integration.test_cluster_life_lab import all_up
+        from tests.lab_cluster import all_up
         from tests.lab_fixtures import lab_fault
 
         for machine in MACHINES:
@@ -420,16 +420,19 @@ def report(bench: Bench, rows: list[Row], *, command: str, wall: float, stated: 
     ]
     for row in rows:
         sign = f"{row.first_sign[0]:.1f}: {row.first_sign[1]}" if row.first_sign else "none"
+        aside = []
         if row.offline_at and (not row.first_sign or row.offline_at[0] < row.first_sign[0]):
-            sign += f" (the machines page read {row.offline_at[1]} Offline at {row.offline_at[0]:.1f})"
+            aside.append(f"the machines page read {row.offline_at[1]} Offline at {row.offline_at[0]:.1f}")
+        if row.phase is not None:
+            aside.append(f"the fault came {row.phase:.0f} s after a scheduled check began")
+        if aside:
+            sign += f" ({'; '.join(aside)})"
         ready = seconds(row.ready)
         if row.repaired_at is not None and row.ready is not None:
             undo = "link-up" if "link" in row.failure else "power-on"
             ready += f" ({row.ready - row.repaired_at:.1f} after {undo} at {row.repaired_at:.1f})"
         if row.failed_at is not None:
             ready = f"Failed after {row.failed_at:.1f}; ready {ready}"
-        if row.phase is not None:
-            sign += f"; the fault came {row.phase:.0f} s after a scheduled check began"
         did = " → ".join(row.did) or "nothing"
         failure = row.failure
         if row.note:
@@ -504,7 +507,7 @@ def main() -> None:
     from machines.models import Machine
     from machines.remote import console_key_path, console_public_key
     from machines.services import machine_create
-    from tests.integration.test_cluster_life_lab import IMAGE_MIB, INTERVALS, running, wait_for
+    from tests.lab_cluster import IMAGE_MIB, INTERVALS, running, wait_for
     from tests.lab_fixtures import lab_status
     from tests.processes import console_processes
 

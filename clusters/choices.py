@@ -77,8 +77,9 @@ class Role(models.TextChoices):
 
 
 class CheckTrigger(models.TextChoices):
-    SCHEDULE = "schedule", "Every minute"
+    SCHEDULE = "schedule", "Scheduled"
     RECONNECT = "reconnect", "A machine reconnected"
+    OFFLINE = "offline", "A machine went offline"
     MANUAL = "manual", "Check now"
     SECOND_LOOK = "second_look", "Second look"
     STARTED = "started", "After a start"  # fills the raw status and each machine's panel at once

@@ -90,7 +90,9 @@ def _record_member_states(cluster: Cluster, members: list[ClusterMember], findin
         fields: dict = {"last_status": {"runtime": answer.get("runtime"), "ray_node": node,
                                         "error": answer.get("error") or answer.get("ray_error") or ""}}
         finding = by_member.get(member.pk)
-        if finding and member.state != MemberState.REJOINING:
+        if finding and finding.problem == policy.NO_ANSWER:
+            fields.update(state_reason=finding.text)  # still a live node of Ray: not out of the cluster
+        elif finding and member.state != MemberState.REJOINING:
             fields.update(state=MemberState.DOWN, state_reason=finding.text)
         elif not finding and node and node.get("alive") and member.state in DOWN_STATES:
             fields.update(state=MemberState.JOINED, state_reason="", accelerators_in_ray=int(node.get("gpus") or 0),
@@ -132,8 +134,11 @@ def cluster_check_run(*, cluster_id: int, trigger: str, detail: str = "", first_
     check.action = decision.action
     with transaction.atomic():
         cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+        newer = HealthCheck.objects.filter(cluster=cluster, started_at__gt=check.started_at, finished_at__isnull=False)
         if cluster.state not in CHECKED or services.cluster_busy(cluster):
             check.outcome, check.action = CheckOutcome.SKIPPED, "Nothing done: another operation started meanwhile."
+        elif newer.exists():
+            check.outcome, check.action = CheckOutcome.SKIPPED, "Nothing done: a check that started later has already answered."
         else:
             if decision.outcome != policy.UNANSWERED:
                 _record_member_states(cluster, members, findings, answers)
@@ -200,7 +205,9 @@ def clusters_check_due() -> list[int]:
     from clusters.tasks import cluster_check
 
     queued = []
-    lost_after = timezone.now() - timedelta(seconds=settings.FADEN_HEALTH_LOOK_AGAIN + settings.FADEN_HEALTH_INTERVAL)
+    # A check takes at most a connect timeout and two agent commands (30 s, 45 s): later than that, it was lost.
+    slowest = settings.FADEN_SSH_CONNECT_TIMEOUT + 75
+    lost_after = timezone.now() - timedelta(seconds=settings.FADEN_HEALTH_LOOK_AGAIN + settings.FADEN_HEALTH_INTERVAL + slowest)
     recent = timezone.now() - timedelta(seconds=settings.FADEN_HEALTH_INTERVAL / 2)
     for cluster in Cluster.objects.filter(state__in=CHECKED):
         if services.cluster_busy(cluster):

@@ -17,6 +17,7 @@ from clusters import planning
 HEAD_DOWN = "head_down"  # the head's Ray, its agent or the machine itself stopped: the whole cluster restarts
 OFFLINE = "offline"  # a worker's machine went offline: nothing is repaired until it reconnects
 OUT_OF_RAY = "out_of_ray"  # a worker is not (or no longer) a live node of the cluster's Ray: it joins again
+NO_ANSWER = "no_answer"  # a worker's agent is silent while Ray still lists it: nothing to repair yet, said all the same
 
 HEALTHY = "healthy"  # machine states, as machines.choices spells them
 MACHINE_OFFLINE = "offline"
@@ -89,6 +90,9 @@ def diagnose(look: Look) -> list[Finding]:
         elif member.in_ray is False:
             why = "" if member.answered else f" and its agent does not answer ({member.error.rstrip('.')})"
             findings.append(Finding(member.member_id, member.name, OUT_OF_RAY, f"Ray's node list does not hold {member.name} as alive{why}."))
+        elif not member.answered:
+            findings.append(Finding(member.member_id, member.name, NO_ANSWER,
+                                    f"{member.name} does not answer ({member.error.rstrip('.')}); Ray still lists it."))
     return findings
 
 
@@ -127,6 +131,7 @@ def decide(findings: Sequence[Finding], *, answered: bool, second_look: bool, lo
     head = [f for f in findings if f.problem == HEAD_DOWN]
     offline = [f.machine for f in findings if f.problem == OFFLINE]
     dropped = [f for f in findings if f.problem == OUT_OF_RAY]
+    silent = [f.machine for f in findings if f.problem == NO_ANSWER]
     if head:
         if not second_look:
             return Decision(LOOK_AGAIN, f"Looking again in {look_again_after} s before restarting the cluster: a slow answer is not a dead head.")
@@ -135,6 +140,10 @@ def decide(findings: Sequence[Finding], *, answered: bool, second_look: bool, lo
         names = " and ".join(offline) if len(offline) < 3 else ", ".join(offline[:-1]) + f" and {offline[-1]}"
         verb = "reconnects" if len(offline) == 1 else "reconnect"
         return Decision(WAITING, f"No repair while a machine is offline: waiting until {names} {verb}.", waiting_for=tuple(offline))
+    if not dropped:
+        names = ", ".join(silent)
+        return Decision(WAITING, f"Nothing to repair while Ray still lists {names}: waiting for {'it' if len(silent) == 1 else 'them'} to answer.",
+                        waiting_for=tuple(silent))
     names = ", ".join(f.machine for f in dropped)
     if not second_look:
         return Decision(LOOK_AGAIN, f"Looking again in {look_again_after} s before joining {names} again.")

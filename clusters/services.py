@@ -570,6 +570,17 @@ def cluster_rejoin(*, cluster: Cluster, member_ids: list[int], reason: str) -> J
         return _cluster_job(cluster, kind=REJOIN_KIND, title=f"Join {names} again", steps=REJOIN_STEPS, params={"members": member_ids})
 
 
+def cluster_machine_went_offline(*, machine_id: int, name: str) -> None:
+    """A machine of a running cluster stopped sending heartbeats: look at its cluster now, so that its
+    page says so as soon as the machines page does."""
+    from clusters.tasks import cluster_check
+
+    member = ClusterMember.objects.select_related("cluster").filter(machine_id=machine_id).first()
+    if member is not None and member.cluster.state in CHECKED:
+        cluster_id = member.cluster_id
+        transaction.on_commit(lambda: cluster_check.delay(cluster_id, CheckTrigger.OFFLINE, name))
+
+
 def cluster_machine_reconnected(*, machine_id: int, name: str) -> None:
     """A machine came back: look at its running cluster now; a repaired cluster that failed or waits
     between restarts starts over once its head is back."""

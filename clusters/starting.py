@@ -250,9 +250,10 @@ def _drop_unusable(members: list[ClusterMember], head: ClusterMember) -> list[Cl
         if machine.state == MachineState.HEALTHY:
             usable.append(member)
             continue
-        reason = f"{machine.name} is {machine.get_state_display()}" + (f": {machine.state_reason}" if machine.state_reason else ".")
+        why = f" ({machine.state_reason.rstrip('.')})" if machine.state_reason else ""
+        reason = f"{machine.name} is {machine.get_state_display().lower()}{why}."
         if member is head:
-            raise JobError(f"The head {reason} Waiting for it to come back.", kind="retryable")
+            raise JobError(f"The head {reason}", kind="retryable")
         _set_member(member, state=MemberState.FAILED, state_reason=reason)
     return usable
 

@@ -24,7 +24,7 @@ from console.models import Job
 from machines import remote
 from machines.choices import TRANSITIONS, EventKind, InterfaceKind, MachineState
 from machines.models import Accelerator, Machine, MachineEvent, NetworkInterface
-from machines.signals import machine_reconnected
+from machines.signals import machine_reconnected, machine_went_offline
 
 log = logging.getLogger(__name__)
 
@@ -306,5 +306,6 @@ def machines_mark_offline(*, now=None) -> list[int]:
             if machine.state == MachineState.HEALTHY and machine.last_seen and machine.last_seen < cutoff:
                 seconds = int((now - machine.last_seen).total_seconds())
                 machine_transition(machine=machine, to=MachineState.OFFLINE, reason=f"No heartbeat for {seconds} s.")
+                machine_went_offline.send(sender=Machine, machine_id=machine.pk, name=machine.name)
                 marked.append(pk)
     return marked

@@ -833,3 +833,14 @@ def test_stop_while_machines_join_asks_that_job_to_end_and_queues_the_stop_behin
     adding.refresh_from_db()
     assert adding.cancel_requested and adding.state == JobState.RUNNING  # it ends itself at its next step
     assert job.kind == services.STOP_KIND and fresh(room).state == ClusterState.STOPPING
+
+
+def test_a_member_machine_going_offline_queues_a_check_of_its_running_cluster(committed, queued, room, gpu_b, settings):
+    from machines.services import machines_mark_offline
+
+    settings.FADEN_OFFLINE_AFTER = 30
+    Machine.objects.filter(pk=gpu_b.pk).update(last_seen=timezone.now() - timedelta(seconds=31))
+
+    assert committed(machines_mark_offline) == [gpu_b.pk]
+
+    assert [q[:4] for q in queued] == [("cluster_check", room.pk, CheckTrigger.OFFLINE, "gpu-b")]

@@ -521,3 +521,16 @@ def test_a_second_look_confirms_only_problems_the_first_look_found_on_the_same_m
 
 def test_the_failed_retry_is_said_in_whole_minutes_or_in_seconds():
     assert policy.every(900) == "15 minutes" and policy.every(90) == "90 s" and policy.every(60) == "60 s"
+
+
+def test_a_silent_worker_that_ray_still_lists_is_said_and_waited_for_but_not_repaired():
+    look = Look(members=(MemberLook(1, "lab-a", True, in_ray=True, ray_running=True),
+                         MemberLook(2, "lab-c", False, answered=False, error="port 22 did not answer within 10 s.", in_ray=True)))
+
+    findings = policy.diagnose(look)
+    decision = policy.decide(findings, answered=True, second_look=True, look_again_after=20)
+
+    assert [(f.machine, f.problem) for f in findings] == [("lab-c", policy.NO_ANSWER)]
+    assert "lab-c does not answer (port 22 did not answer within 10 s); Ray still lists it." == findings[0].text
+    assert decision.outcome == policy.WAITING and not decision.rejoin and not decision.restart
+    assert "Nothing to repair while Ray still lists lab-c" in decision.action
