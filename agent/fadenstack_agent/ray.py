@@ -199,6 +199,21 @@ def _existing(driver, store: str, out, matches, describe, gcs: str, address: str
 # ------------------------------------------------------------------ commands
 
 
+def _node_setup(args, address: str) -> tuple:
+    """What ``start-head`` and ``join`` check alike before touching Ray: the GPUs and resources
+    asked for, the store, a started runtime, Ray's temp directory, and ADDR being this machine's.
+    Returns ``(num_gpus, resources, store, driver, temp)``."""
+    from . import runtime
+
+    num_gpus = parse_num_gpus(args.num_gpus)
+    resources = parse_resources(args.resources)
+    store = store_dir(args.store)
+    driver = runtime.require_started(store)
+    temp = check_temp_dir(temp_dir(store))
+    check_local_address(address)
+    return num_gpus, resources, store, driver, temp
+
+
 def cmd_start_head(args, out) -> int:
     """``ray start-head --address ADDR [--port 6379] --num-gpus N [--resources JSON]``.
 
@@ -209,17 +224,10 @@ def cmd_start_head(args, out) -> int:
     started, ADDR not this machine's, Ray already here in another role),
     ``retryable`` (Ray failed to start or to report the node alive).
     """
-    from . import runtime
-
     started = time.monotonic()
     address = parse_ip(args.address)
     port = parse_port(args.port)
-    num_gpus = parse_num_gpus(args.num_gpus)
-    resources = parse_resources(args.resources)
-    store = store_dir(args.store)
-    driver = runtime.require_started(store)
-    temp = check_temp_dir(temp_dir(store))
-    check_local_address(address)
+    num_gpus, resources, store, driver, temp = _node_setup(args, address)
     gcs = build_address(address, port)
     with Lock(store):
         already = _existing(driver, store, out,
@@ -255,17 +263,10 @@ def cmd_join(args, out) -> int:
     ``unreachable`` (the head's GCS port does not answer), ``not_retryable``,
     ``retryable`` as for ``start-head``.
     """
-    from . import runtime
-
     started = time.monotonic()
     host, port = parse_host_port(args.head)
     address = parse_ip(args.address)
-    num_gpus = parse_num_gpus(args.num_gpus)
-    resources = parse_resources(args.resources)
-    store = store_dir(args.store)
-    driver = runtime.require_started(store)
-    temp = check_temp_dir(temp_dir(store))
-    check_local_address(address)
+    num_gpus, resources, store, driver, temp = _node_setup(args, address)
     head = build_address(resolve_head(host), port)
     with Lock(store):
         already = _existing(driver, store, out,
