@@ -77,8 +77,10 @@ def main() -> None:
     django.setup()
     from django.core.management import call_command
 
-    from clusters import images, starting
-    from clusters.models import Cluster, ClusterMember
+    from clusters import images
+    from clusters.fanout import ProgressBoard
+    from clusters.models import Cluster, ClusterMember, Transfer
+    from clusters.transfer import distribute
     from console.jobs import JobContext, job_create
     from machines import remote
     from machines.models import Machine
@@ -113,7 +115,7 @@ def main() -> None:
             for m in machines:
                 with remote.connect(machine_target(m)) as conn:
                     remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/images"])
-            ClusterMember.objects.update(image_bytes_done=0, image_bytes_fetched=0)
+            Transfer.objects.all().delete()
 
         # The chain, as a cluster start does it.
         clear_stores()
@@ -121,10 +123,10 @@ def main() -> None:
         ctx = JobContext(job, on_change=lambda j: None)
         fresh = list(ClusterMember.objects.filter(cluster=cluster).select_related("machine", "runtime_image").order_by("machine__name"))
         started = time.monotonic()
-        with starting.ProgressBoard(cluster) as board:
-            starting._distribute(ctx, cluster, fresh, fresh[0], board)
+        with ProgressBoard(cluster) as board:
+            distribute(ctx, cluster, fresh, fresh[0], board, images.runtime_files)
         chain_seconds = time.monotonic() - started
-        fetched = {m.machine.name: m.image_bytes_fetched for m in ClusterMember.objects.select_related("machine")}
+        fetched = {t.member.machine.name: t.bytes_fetched for t in Transfer.objects.select_related("member__machine")}
         chain_server_bytes = fetched[machines[0].name]
 
         # The naive way: every machine from the server.

@@ -333,7 +333,7 @@ class Bench:
 
         def quiet() -> bool:
             cluster = Cluster.objects.get(pk=self.cluster_id)
-            if not all_up(CLUSTER, len(MACHINES)) or services.cluster_busy(cluster):
+            if not all_up(CLUSTER, len(MACHINES)) or selectors.cluster_busy(cluster):
                 return False
             latest = cluster.health_checks.first()
             if latest and latest.outcome == CheckOutcome.LOOK_AGAIN:

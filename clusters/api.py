@@ -3,6 +3,7 @@ does (start, stop, Try again, Check now, switch the runtime, change the network,
 machines, delete) plus its health checks. Same services as the pages; their refusals are 400s with
 the service's own message (console/api.py)."""
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import Prefetch
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.plumbing import build_basic_type, build_object_type
 from drf_spectacular.types import OpenApiTypes
@@ -11,22 +12,44 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from clusters import planning, policy, services
+from clusters import planning, policy, selectors, services, steps
 from clusters.choices import MemberState
-from clusters.models import Cluster, ClusterMember, HealthCheck
-from clusters.views import network_view
+from clusters.models import Cluster, ClusterMember, HealthCheck, Transfer
+from clusters.pages import network_view
 from console.models import Job
+
+
+class TransferSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Transfer
+        fields = ["digest", "what", "source", "bytes_done", "bytes_total", "rate", "bytes_fetched"]
 
 
 class MemberSerializer(serializers.ModelSerializer):
     machine = serializers.IntegerField(source="machine_id")
     name = serializers.CharField(source="machine.name")
     runtime_image = serializers.CharField(source="runtime_image.digest", default=None)
+    image_bytes_done = serializers.SerializerMethodField(help_text="The runtime image's bytes on the machine so far")
+    image_bytes_total = serializers.SerializerMethodField()
+    image_source = serializers.SerializerMethodField(help_text="the server, or the machine it came from")
+    transfers = TransferSerializer(many=True, read_only=True, help_text="Every file on its way to the machine")
 
     class Meta:
         model = ClusterMember
         fields = ["machine", "name", "role", "address", "state", "state_reason", "runtime_image",
-                  "image_bytes_done", "image_bytes_total", "image_source", "accelerators_in_ray", "last_status"]
+                  "image_bytes_done", "image_bytes_total", "image_source", "transfers", "accelerators_in_ray", "last_status"]
+
+    def get_image_bytes_done(self, member) -> int:
+        transfer = member.image_transfer
+        return transfer.bytes_done if transfer else 0
+
+    def get_image_bytes_total(self, member) -> int:
+        transfer = member.image_transfer
+        return transfer.bytes_total if transfer else 0
+
+    def get_image_source(self, member) -> str:
+        transfer = member.image_transfer
+        return transfer.source if transfer else ""
 
 
 class ClusterSerializer(serializers.ModelSerializer):
@@ -151,7 +174,9 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     serializer_class = ClusterSerializer
 
     def get_queryset(self):
-        return Cluster.objects.prefetch_related("members__machine", "members__runtime_image")
+        return Cluster.objects.prefetch_related(
+            Prefetch("members", queryset=ClusterMember.objects.select_related("machine", "runtime_image")
+                     .defer("runtime_image__chunk_hashes", "machine__facts").prefetch_related("transfers")))
 
     def _answer(self, cluster: Cluster, job: Job | None, *, started: int = status.HTTP_202_ACCEPTED,
                 recorded: int = status.HTTP_200_OK) -> Response:
@@ -284,7 +309,7 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
                 "warning": verdict.warning,
                 "runtime": verdict.runtime_label,
             }
-            for candidate, verdict in services.cluster_join_verdicts(cluster)
+            for candidate, verdict in selectors.cluster_join_verdicts(cluster)
         ]
         return Response(JoinCandidateSerializer(rows, many=True).data)
 
@@ -301,7 +326,7 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             data = NetworkTestSerializer(data=request.data)
             data.is_valid(raise_exception=True)
             ids = data.validated_data["machines"]
-            head = data.validated_data.get("head") or planning.suggest_head(services.candidates(ids))
+            head = data.validated_data.get("head") or planning.suggest_head(selectors.candidates(ids))
             job = services.network_probe_start(machine_ids=ids, head_id=head, user=request.user)
             return Response({"job": job.pk, "state": job.state, "head": head}, status=status.HTTP_202_ACCEPTED)
         ids = _machine_ids(request.query_params.get("machines", ""))
@@ -310,7 +335,7 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         view = network_view({"picked": ids, "head": head, "network": "", "probe": None})
         if view["no_network"]:
             raise DjangoValidationError({"machines": planning.NO_SHARED_NETWORK})
-        probe = Job.objects.filter(kind="cluster.probe", params__head=head).first()
+        probe = Job.objects.filter(kind=steps.PROBE_KIND, params__head=head).first()
         return Response({
             "head": head,
             "suggested": view["suggested"],

@@ -6,35 +6,31 @@ class ClustersConfig(AppConfig):
     verbose_name = "Clusters"
 
     def ready(self) -> None:
-        from clusters import views
+        from clusters import pages, services, steps
+        from clusters.runners.start import members_abandoned, start_abandoned
+        from clusters.runners.stop import stop_abandoned
         from console import live
-
-        live.register("clusters", views.render_clusters_topic)
-        live.register("cluster", views.render_cluster_topic)
-        live.register("probe", views.render_probe_topic)
-
-        from clusters import services, starting, stopping
         from console.jobs import job_kind_register
         from machines.signals import machine_reconnected, machine_went_offline
 
+        live.register("clusters", pages.render_clusters_topic)
+        live.register("cluster", pages.render_cluster_topic)
+        live.register("probe", pages.render_probe_topic)
+
         # Every operation on a cluster survives its worker: the reaper hands it to another one.
         task = "clusters.tasks.cluster_job"
-        job_kind_register(services.START_KIND, task=task, on_failed=starting.start_abandoned)
-        job_kind_register(services.ADD_KIND, task=task, on_failed=starting.members_abandoned)
-        job_kind_register(services.REJOIN_KIND, task=task, on_failed=starting.members_abandoned)
-        job_kind_register(services.STOP_KIND, task=task, on_failed=stopping.stop_abandoned)
-        job_kind_register(services.DELETE_KIND, task=task, on_failed=stopping.stop_abandoned)
-        machine_reconnected.connect(_reconnected, dispatch_uid="clusters-reconnected")
-        machine_went_offline.connect(_went_offline, dispatch_uid="clusters-went-offline")
+        job_kind_register(steps.START.kind, task=task, resumable=True, on_failed=start_abandoned)
+        job_kind_register(steps.ADD.kind, task=task, resumable=True, on_failed=members_abandoned)
+        job_kind_register(steps.REJOIN.kind, task=task, resumable=True, on_failed=members_abandoned)
+        job_kind_register(steps.STOP.kind, task=task, resumable=True, on_failed=stop_abandoned)
+        job_kind_register(steps.DELETE.kind, task=task, resumable=True, on_failed=stop_abandoned)
+        job_kind_register(steps.PROBE_KIND, task="clusters.tasks.network_probe")
 
+        def reconnected(sender, *, machine_id: int, name: str, **kwargs) -> None:
+            services.cluster_machine_reconnected(machine_id=machine_id, name=name)
 
-def _reconnected(sender, *, machine_id: int, name: str, **kwargs) -> None:
-    from clusters import services
+        def went_offline(sender, *, machine_id: int, name: str, **kwargs) -> None:
+            services.cluster_machine_went_offline(machine_id=machine_id, name=name)
 
-    services.cluster_machine_reconnected(machine_id=machine_id, name=name)
-
-
-def _went_offline(sender, *, machine_id: int, name: str, **kwargs) -> None:
-    from clusters import services
-
-    services.cluster_machine_went_offline(machine_id=machine_id, name=name)
+        machine_reconnected.connect(reconnected, dispatch_uid="clusters-reconnected", weak=False)
+        machine_went_offline.connect(went_offline, dispatch_uid="clusters-went-offline", weak=False)

@@ -11,6 +11,8 @@ class ClusterState(models.TextChoices):
     STOPPED = "stopped", "Stopped"  # nothing runs; machines, network and deployments are kept
     FAILED = "failed", "Failed"  # three restarts failed; tried again every 15 minutes
     DELETING = "deleting", "Deleting"  # stopped first, then the record goes
+    # Some machines did not confirm a stop or a delete: a person checks them, then stops or deletes again.
+    UNCONFIRMED = "unconfirmed", "Stop not confirmed"
 
 
 _S = ClusterState
@@ -19,15 +21,16 @@ CLUSTER_TRANSITIONS: dict[str, frozenset[str]] = {
     _S.WAITING: frozenset({_S.STARTING, _S.STOPPING, _S.DELETING}),
     _S.RETRYING: frozenset({_S.STARTING, _S.WAITING, _S.FAILED, _S.STOPPING, _S.DELETING}),
     _S.RUNNING: frozenset({_S.STARTING, _S.STOPPING, _S.FAILED, _S.DELETING}),
-    _S.STOPPING: frozenset({_S.STOPPED, _S.WAITING, _S.DELETING}),
+    _S.STOPPING: frozenset({_S.STOPPED, _S.UNCONFIRMED, _S.DELETING}),
     _S.STOPPED: frozenset({_S.STARTING, _S.DELETING}),
     _S.FAILED: frozenset({_S.STARTING, _S.STOPPING, _S.DELETING}),
-    # A delete that the machines did not confirm leaves the cluster waiting for a person.
-    _S.DELETING: frozenset({_S.WAITING}),
+    # A stop or a delete that the machines did not confirm waits for a person, who stops or deletes again.
+    _S.DELETING: frozenset({_S.UNCONFIRMED}),
+    _S.UNCONFIRMED: frozenset({_S.STOPPING, _S.DELETING}),
 }
 
 # What Stop, Start and Delete offer in each state (the page and the API refuse the rest).
-CAN_STOP = frozenset({_S.STARTING, _S.WAITING, _S.RETRYING, _S.RUNNING, _S.FAILED})
+CAN_STOP = frozenset({_S.STARTING, _S.WAITING, _S.RETRYING, _S.RUNNING, _S.FAILED, _S.UNCONFIRMED})
 CAN_START = frozenset({_S.STOPPED})
 CAN_RETRY = frozenset({_S.WAITING, _S.RETRYING, _S.FAILED})
 CAN_DELETE = frozenset(set(_S) - {_S.DELETING})
@@ -43,6 +46,7 @@ CLUSTER_BADGE = {
     ClusterState.STOPPED: "grey",
     ClusterState.FAILED: "red",
     ClusterState.DELETING: "blue",
+    ClusterState.UNCONFIRMED: "red",
 }
 
 
@@ -56,6 +60,27 @@ class MemberState(models.TextChoices):
     DOWN = "down", "Out of the cluster"  # was up; a health check found it gone (the reason says why)
     REJOINING = "rejoining", "Joining again"  # a repair: out of Ray, then joined again
     STOPPED = "stopped", "Stopped"
+
+
+_M = MemberState
+_STARTING = frozenset({_M.PENDING, _M.IMAGE, _M.LOADING, _M.RAY})
+# Every member state change goes through clusters.lifecycle.member_transition, checked against this.
+# A start walks a machine forward through the starting states (a resumed job may skip some); a restart
+# or a start over puts every machine back to Waiting to start; a stop ends anywhere.
+MEMBER_TRANSITIONS: dict[str, frozenset[str]] = {
+    _M.PENDING: _STARTING | {_M.JOINED, _M.FAILED, _M.DOWN, _M.STOPPED},
+    _M.IMAGE: _STARTING | {_M.JOINED, _M.FAILED, _M.DOWN, _M.STOPPED},
+    _M.LOADING: _STARTING | {_M.JOINED, _M.FAILED, _M.DOWN, _M.STOPPED},
+    _M.RAY: _STARTING | {_M.JOINED, _M.FAILED, _M.DOWN, _M.STOPPED},
+    # Up: a check finds it gone (Out of the cluster), a repair joins it again, a restart starts it over.
+    _M.JOINED: frozenset({_M.PENDING, _M.FAILED, _M.DOWN, _M.REJOINING, _M.STOPPED}),
+    # Did not join: a check may find it in Ray after all, or gone; a repair tries again.
+    _M.FAILED: frozenset({_M.PENDING, _M.JOINED, _M.DOWN, _M.REJOINING, _M.STOPPED}),
+    _M.DOWN: frozenset({_M.PENDING, _M.JOINED, _M.FAILED, _M.REJOINING, _M.STOPPED}),
+    # A repair: out of Ray, its runtime started again, joined again (or not).
+    _M.REJOINING: _STARTING | {_M.JOINED, _M.FAILED, _M.STOPPED},
+    _M.STOPPED: frozenset({_M.PENDING, _M.FAILED}),
+}
 
 
 MEMBER_BADGE = {

@@ -4,6 +4,7 @@ agent), record what was found, look again after about 20 s before repairing anyt
 The decisions are pure (policy.diagnose, policy.decide); this module asks the machines and
 records. A check runs outside any job: it only reads. A repair it decides is a job
 (services.cluster_restart, services.cluster_rejoin), so one runs per cluster at a time.
+Apps above clusters look at their own parts after each check (hooks.health_extensions_run).
 """
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ from django.core.exceptions import ValidationError
 from django.db import connections, transaction
 from django.utils import timezone
 
-from clusters import policy, services
+from clusters import hooks, policy, selectors, services
 from clusters.choices import CHECKED, CheckOutcome, CheckTrigger, MemberState, Role
+from clusters.lifecycle import cluster_transition, members_transition
 from clusters.models import Cluster, ClusterMember, HealthCheck, head_first
 from console import live
-from machines import remote
+from console.jobs import task_enqueue
+from machines.agent_client import Agent, AgentError
 from machines.choices import MachineState
-from machines.services import machine_target
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +39,14 @@ def _ask(member: ClusterMember, gcs: str) -> dict:
         answer["error"] = f"offline: {machine.state_reason}" if machine.state_reason else "offline"
         return answer
     try:
-        with remote.connect(machine_target(machine)) as conn:
-            answer["runtime"] = remote.run_agent(conn, [*machine.agent_command(), "runtime", "status"], timeout=30)
+        with Agent.open(machine) as agent:
+            answer["runtime"] = agent.runtime_status().raw
             if member.role == Role.HEAD:
                 try:
-                    answer["ray"] = remote.run_agent(conn, [*machine.agent_command(), "ray", "status", "--head", gcs], timeout=45)
-                except remote.RemoteError as exc:
+                    answer["ray"] = agent.ray_status(head=gcs, timeout=45).raw
+                except AgentError as exc:
                     answer["ray_error"] = exc.message
-    except remote.RemoteError as exc:
+    except AgentError as exc:
         answer["error"] = exc.message
     finally:
         connections.close_all()
@@ -80,25 +82,32 @@ def look(cluster: Cluster, members: list[ClusterMember]) -> tuple[policy.Look, d
 
 
 def _record_member_states(cluster: Cluster, members: list[ClusterMember], findings: list[policy.Finding],
-                          answers: dict[int, dict]) -> None:
-    """Members the check found gone read Out of the cluster with the reason; ones found back read Up."""
+                          answers: dict[int, dict], decision: policy.Decision) -> None:
+    """Members the check found gone read Out of the cluster with the reason (or failed, once repairs gave
+    up on them); ones found back read Up."""
     by_member = {f.member_id: f for f in findings}
-    nodes = {n.get("address"): n for n in (answers[next(m.pk for m in members if m.role == Role.HEAD)].get("ray") or {}).get("nodes") or []}
+    head = next(m for m in members if m.role == Role.HEAD)
+    nodes = {n.get("address"): n for n in (answers[head.pk].get("ray") or {}).get("nodes") or []}
+    attempts = settings.FADEN_RESTART_ATTEMPTS
     for member in members:
         answer = answers[member.pk]
         node = nodes.get(member.address)
-        fields: dict = {"last_status": {"runtime": answer.get("runtime"), "ray_node": node,
-                                        "error": answer.get("error") or answer.get("ray_error") or ""}}
+        status = {"runtime": answer.get("runtime"), "ray_node": node, "error": answer.get("error") or answer.get("ray_error") or ""}
+        row = ClusterMember.objects.filter(pk=member.pk)
         finding = by_member.get(member.pk)
-        if finding and finding.problem == policy.NO_ANSWER:
-            fields.update(state_reason=finding.text)  # still a live node of Ray: not out of the cluster
+        if finding and member.pk in decision.given_up:
+            members_transition(row, to=MemberState.FAILED, reason=policy.gave_up_words(member.machine.name, attempts, finding.text),
+                               last_status=status)
+        elif finding and finding.problem == policy.NO_ANSWER:
+            row.update(state_reason=finding.text, last_status=status)  # still a live node of Ray: not out of the cluster
         elif finding and member.state != MemberState.REJOINING:
-            fields.update(state=MemberState.DOWN, state_reason=finding.text)
-        elif not finding and node and node.get("alive") and member.state in DOWN_STATES:
-            fields.update(state=MemberState.JOINED, state_reason="", accelerators_in_ray=int(node.get("gpus") or 0),
-                          ray_node_id=str(node.get("node_id", ""))[:64])
-        ClusterMember.objects.filter(pk=member.pk).update(**fields)
-    cluster.last_status = {"checked_at": timezone.now().isoformat(), "head_ray": answers[next(m.pk for m in members if m.role == Role.HEAD)].get("ray"),
+            members_transition(row, to=MemberState.DOWN, reason=finding.text, last_status=status)
+        elif node and node.get("alive") and member.state in DOWN_STATES:
+            members_transition(row, to=MemberState.JOINED, accelerators_in_ray=int(node.get("gpus") or 0),
+                               ray_node_id=str(node.get("node_id", ""))[:64], rejoin_attempts=0, last_status=status)
+        else:
+            row.update(last_status=status)
+    cluster.last_status = {"checked_at": timezone.now().isoformat(), "head_ray": answers[head.pk].get("ray"),
                            "agents": {a["machine"]: {k: v for k, v in a.items() if k != "ray"} for a in answers.values()}}
     cluster.last_status_at = timezone.now()
     cluster.save(update_fields=["last_status", "last_status_at"])
@@ -110,7 +119,7 @@ def cluster_check_run(*, cluster_id: int, trigger: str, detail: str = "", first_
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
         return None
-    busy = services.cluster_busy(cluster)
+    busy = selectors.cluster_busy(cluster)
     if cluster.state not in CHECKED or busy:
         if trigger == CheckTrigger.MANUAL:
             why = f"{busy.title} is under way" if busy else f"the cluster is {cluster.get_state_display()}"
@@ -120,14 +129,15 @@ def cluster_check_run(*, cluster_id: int, trigger: str, detail: str = "", first_
             return check
         return None
     check = HealthCheck.objects.create(cluster=cluster, trigger=trigger, trigger_detail=detail, first_look_id=first_look_id)
-    members = sorted(cluster.members.select_related("machine").order_by("machine__name"), key=head_first)
+    members = sorted(cluster.members.select_related("machine").defer("machine__facts").order_by("machine__name"), key=head_first)
     looked, answers = look(cluster, members)
     findings = policy.diagnose(looked)
     first = HealthCheck.objects.filter(pk=first_look_id).first() if first_look_id else None
     confirmed = first is not None and policy.seen_twice(findings, ((f["machine"], f["problem"]) for f in first.found))
+    exhausted = [m.pk for m in members if m.rejoin_attempts >= settings.FADEN_RESTART_ATTEMPTS]
     decision = policy.decide(findings, answered=policy.anyone_answered(looked), second_look=confirmed,
                              look_again_after=settings.FADEN_HEALTH_LOOK_AGAIN, restart_attempt=cluster.restart_attempt,
-                             attempts=settings.FADEN_RESTART_ATTEMPTS)
+                             attempts=settings.FADEN_RESTART_ATTEMPTS, exhausted=exhausted)
     check.looked_at = _looked_at(cluster, members, answers)
     check.found = [{"machine": f.machine, "problem": f.problem, "text": f.text} for f in findings]
     check.outcome = decision.outcome
@@ -135,13 +145,14 @@ def cluster_check_run(*, cluster_id: int, trigger: str, detail: str = "", first_
     with transaction.atomic():
         cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
         newer = HealthCheck.objects.filter(cluster=cluster, started_at__gt=check.started_at, finished_at__isnull=False)
-        if cluster.state not in CHECKED or services.cluster_busy(cluster):
+        if cluster.state not in CHECKED or selectors.cluster_busy(cluster):
             check.outcome, check.action = CheckOutcome.SKIPPED, "Nothing done: another operation started meanwhile."
         elif newer.exists():
             check.outcome, check.action = CheckOutcome.SKIPPED, "Nothing done: a check that started later has already answered."
         else:
             if decision.outcome != policy.UNANSWERED:
-                _record_member_states(cluster, members, findings, answers)
+                _record_member_states(cluster, members, findings, answers, decision)
+                hooks.health_extensions_run(cluster, answers)
             _act(cluster, check, decision)
         check.finished_at = timezone.now()
         check.save()
@@ -150,21 +161,19 @@ def cluster_check_run(*, cluster_id: int, trigger: str, detail: str = "", first_
 
 
 def _act(cluster: Cluster, check: HealthCheck, decision: policy.Decision) -> None:
-    from clusters.tasks import cluster_check
-
     if decision.outcome == policy.ALL_WELL:
         if cluster.state_reason:
-            services.cluster_transition(cluster=cluster, to=cluster.state, reason="")
+            cluster_transition(cluster=cluster, to=cluster.state, reason="")
         return
     if decision.outcome == policy.UNANSWERED:
         return  # nothing is known, so nothing changes: not even the page's words
     if decision.outcome == policy.LOOK_AGAIN:
-        services.cluster_transition(cluster=cluster, to=cluster.state, reason=f"{check.found[0]['text']} {decision.action}")
-        transaction.on_commit(lambda: cluster_check.apply_async(
-            (cluster.pk, CheckTrigger.SECOND_LOOK, "", check.pk), countdown=settings.FADEN_HEALTH_LOOK_AGAIN))
+        cluster_transition(cluster=cluster, to=cluster.state, reason=f"{check.found[0]['text']} {decision.action}")
+        task_enqueue(services.CHECK_TASK, cluster.pk, CheckTrigger.SECOND_LOOK, "", check.pk,
+                     countdown=settings.FADEN_HEALTH_LOOK_AGAIN)
         return
     if decision.outcome == policy.WAITING:
-        services.cluster_transition(cluster=cluster, to=cluster.state, reason=decision.action)
+        cluster_transition(cluster=cluster, to=cluster.state, reason=decision.action)
         return
     try:
         if decision.restart:
@@ -202,15 +211,13 @@ def _changed(cluster: Cluster) -> None:
 def clusters_check_due() -> list[int]:
     """Every running cluster with no operation under way gets a check. A second look that never ran
     (its worker died) is run now instead of a first look."""
-    from clusters.tasks import cluster_check
-
     queued = []
     # A check takes at most a connect timeout and two agent commands (30 s, 45 s): later than that, it was lost.
     slowest = settings.FADEN_SSH_CONNECT_TIMEOUT + 75
     lost_after = timezone.now() - timedelta(seconds=settings.FADEN_HEALTH_LOOK_AGAIN + settings.FADEN_HEALTH_INTERVAL + slowest)
     recent = timezone.now() - timedelta(seconds=settings.FADEN_HEALTH_INTERVAL / 2)
     for cluster in Cluster.objects.filter(state__in=CHECKED):
-        if services.cluster_busy(cluster):
+        if selectors.cluster_busy(cluster):
             continue
         latest = cluster.health_checks.first()
         first_look = None
@@ -223,6 +230,6 @@ def clusters_check_due() -> list[int]:
                 continue  # its second look is due soon
             first_look = latest.pk
         trigger = CheckTrigger.SECOND_LOOK if first_look else CheckTrigger.SCHEDULE
-        transaction.on_commit(lambda pk=cluster.pk, t=trigger, f=first_look: cluster_check.delay(pk, t, "", f))
+        task_enqueue(services.CHECK_TASK, cluster.pk, trigger, "", first_look)
         queued.append(cluster.pk)
     return queued

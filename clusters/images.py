@@ -25,6 +25,8 @@ from django.db import IntegrityError, transaction
 
 from clusters import planning
 from clusters.models import Cluster, ClusterMember, RuntimeImage
+from clusters.transfer import ServerFile
+from machines.agent_client import FileSpec
 from machines.choices import MachineState
 from machines.models import Accelerator, Machine
 
@@ -324,3 +326,16 @@ def image_download_token_check(token: str) -> tuple[str, int] | None:
     if not isinstance(digest, str) or not _DIGEST.match(digest) or type(cluster_id) is not int:
         return None
     return digest, cluster_id
+
+
+def runtime_files(member: ClusterMember) -> list[ServerFile]:
+    """What a member needs before its runtime starts: its build of the runtime image, as the transfer layer ships it."""
+    image = member.runtime_image
+    if image is None:
+        return []
+    if "chunk_hashes" in image.get_deferred_fields():
+        image = RuntimeImage.objects.get(pk=image.pk)  # the pages leave the chunk list out; a transfer needs it
+    digest, cluster_id = image.digest, member.cluster_id
+    return [ServerFile(spec=FileSpec(digest=digest, size=image.size_bytes, chunk_size=image.chunk_size, chunk_hashes=image.chunk_hashes),
+                       what="the runtime image", download_path=f"/agent/images/{digest}/",
+                       token=lambda: image_download_token(digest=digest, cluster_id=cluster_id))]

@@ -83,12 +83,9 @@ class ClusterMember(models.Model):
     address = models.CharField(max_length=64, blank=True, help_text="Its address on the cluster's network")
     state = models.CharField(max_length=16, choices=MemberState.choices, default=MemberState.PENDING)
     state_reason = models.TextField(blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True, null=True)
+    rejoin_attempts = models.PositiveIntegerField(default=0, help_text="Repairs that tried to join it again since it was last up")
     runtime_image = models.ForeignKey(RuntimeImage, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    image_source = models.CharField(max_length=200, blank=True, help_text="the server, or a machine and its address")
-    image_bytes_done = models.PositiveBigIntegerField(default=0)
-    image_bytes_total = models.PositiveBigIntegerField(default=0)
-    image_rate = models.FloatField(default=0, help_text="bytes per second, lately")
-    image_bytes_fetched = models.PositiveBigIntegerField(default=0, help_text="bytes that crossed the network, resends included")
     ray_node_id = models.CharField(max_length=64, blank=True)
     accelerators_in_ray = models.PositiveIntegerField(default=0)
     last_status = models.JSONField(default=dict, blank=True, help_text="Its agent's and Ray's last answer")
@@ -105,8 +102,42 @@ class ClusterMember(models.Model):
         return MEMBER_BADGE[self.state]
 
     @property
-    def image_percent(self) -> int:
-        return int(100 * self.image_bytes_done / self.image_bytes_total) if self.image_bytes_total else 0
+    def image_transfer(self) -> "Transfer | None":
+        """The runtime image's way to this machine (from the prefetched transfers when there are)."""
+        if self.runtime_image_id is None:
+            return None
+        digest = self.runtime_image.digest
+        return next((t for t in self.transfers.all() if t.digest == digest), None)
+
+
+class Transfer(models.Model):
+    """One content-addressed file on its way to one machine of a cluster: a runtime image today, a
+    model's files next. The page draws one bar per transfer, so a machine can show several."""
+
+    member = models.ForeignKey(ClusterMember, on_delete=models.CASCADE, related_name="transfers")
+    digest = models.CharField(max_length=71, help_text="sha256 of the whole file, hex")
+    what = models.CharField(max_length=200, help_text="The file in words: the runtime image, a model's weights")
+    source = models.CharField(max_length=200, blank=True, help_text="the server, or a machine and its address")
+    bytes_done = models.PositiveBigIntegerField(default=0)
+    bytes_total = models.PositiveBigIntegerField(default=0)
+    rate = models.FloatField(default=0, help_text="bytes per second, lately")
+    bytes_fetched = models.PositiveBigIntegerField(default=0, help_text="bytes that crossed the network, resends included")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["member", "what"]
+        constraints = [models.UniqueConstraint(fields=["member", "digest"], name="transfer_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.what} to {self.member.machine}"
+
+    @property
+    def percent(self) -> int:
+        return int(100 * self.bytes_done / self.bytes_total) if self.bytes_total else 0
+
+    @property
+    def complete(self) -> bool:
+        return self.bytes_total > 0 and self.bytes_done == self.bytes_total
 
 
 def head_first(member: ClusterMember) -> tuple[bool, str]:

@@ -6,8 +6,9 @@ services and the health check turn rows and agent answers into the dataclasses b
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from clusters import planning
@@ -112,6 +113,13 @@ class Decision:
     restart: bool = False  # restart the whole cluster (the head stopped)
     rejoin: tuple = ()  # member ids to take out of Ray and join again
     waiting_for: tuple[str, ...] = ()  # machine names the cluster waits for
+    given_up: tuple = ()  # member ids that were joined again ``attempts`` times in vain: they read failed and wait
+
+
+def gave_up_words(name: str, attempts: int, found: str) -> str:
+    """What a machine that repairs could not join again says (on its row and on the cluster)."""
+    return (f"{name} did not stay in Ray after {attempts} attempts to join it again: {_sentence(found)} "
+            "Take it out of the cluster, or fix it; it is joined again once a check finds it back.")
 
 
 def restart_words(attempt: int, attempts: int) -> str:
@@ -119,10 +127,11 @@ def restart_words(attempt: int, attempts: int) -> str:
 
 
 def decide(findings: Sequence[Finding], *, answered: bool, second_look: bool, look_again_after: int,
-           restart_attempt: int = 0, attempts: int = 3) -> Decision:
+           restart_attempt: int = 0, attempts: int = 3, exhausted: Iterable[Hashable] = ()) -> Decision:
     """Restart nothing unless something is wrong, and nothing before a second look; no repair of a worker
     while a machine is offline; a head that stopped restarts the whole cluster, a worker that dropped
-    out joins again. A check nobody answered changes nothing."""
+    out joins again, but not more than ``attempts`` times in a row (``exhausted``: members that had
+    theirs): those read failed and wait. A check nobody answered changes nothing."""
     if not answered:
         return Decision(UNANSWERED, "No machine answered the check, so nothing was restarted: the fault may be "
                                     "between the console and the machines. Looking again at the next check.")
@@ -130,7 +139,9 @@ def decide(findings: Sequence[Finding], *, answered: bool, second_look: bool, lo
         return Decision(ALL_WELL, "Nothing to do: Ray on the head lists every machine, and every agent answered.")
     head = [f for f in findings if f.problem == HEAD_DOWN]
     offline = [f.machine for f in findings if f.problem == OFFLINE]
-    dropped = [f for f in findings if f.problem == OUT_OF_RAY]
+    exhausted = set(exhausted)
+    given_up = [f for f in findings if f.problem == OUT_OF_RAY and f.member_id in exhausted]
+    dropped = [f for f in findings if f.problem == OUT_OF_RAY and f.member_id not in exhausted]
     silent = [f.machine for f in findings if f.problem == NO_ANSWER]
     if head:
         if not second_look:
@@ -140,6 +151,9 @@ def decide(findings: Sequence[Finding], *, answered: bool, second_look: bool, lo
         names = " and ".join(offline) if len(offline) < 3 else ", ".join(offline[:-1]) + f" and {offline[-1]}"
         verb = "reconnects" if len(offline) == 1 else "reconnect"
         return Decision(WAITING, f"No repair while a machine is offline: waiting until {names} {verb}.", waiting_for=tuple(offline))
+    if not dropped and given_up:
+        return Decision(WAITING, " ".join(gave_up_words(f.machine, attempts, f.text) for f in given_up),
+                        given_up=tuple(f.member_id for f in given_up))
     if not dropped:
         names = ", ".join(silent)
         return Decision(WAITING, f"Nothing to repair while Ray still lists {names}: waiting for {'it' if len(silent) == 1 else 'them'} to answer.",
@@ -148,7 +162,8 @@ def decide(findings: Sequence[Finding], *, answered: bool, second_look: bool, lo
     if not second_look:
         return Decision(LOOK_AGAIN, f"Looking again in {look_again_after} s before joining {names} again.")
     return Decision(REPAIR, f"Taking {names} out of Ray and joining {'it' if len(dropped) == 1 else 'them'} again; "
-                            "the other machines keep serving.", rejoin=tuple(f.member_id for f in dropped))
+                            "the other machines keep serving.", rejoin=tuple(f.member_id for f in dropped),
+                    given_up=tuple(f.member_id for f in given_up))
 
 
 # ------------------------------------------------------------------ restarts, then Failed
@@ -194,11 +209,8 @@ DELETE_NOW = "now"  # nothing runs that the machines could confirm stopping: the
 DELETE_AFTER_STOP = "after_stop"  # stop it on the machines that answer, then the record goes
 
 
-def delete_plan(*, name: str, stopped: bool, deployments: int, members: int, machines_online: int) -> str:
-    """How Delete goes; a ValueError says why it cannot."""
-    if deployments:
-        raise ValueError(f"{name} still has {deployments} deployment{'s' if deployments != 1 else ''}: "
-                         "delete them first, so that no model is left running on the machines.")
+def delete_plan(*, stopped: bool, members: int, machines_online: int) -> str:
+    """How Delete goes: at once when nothing runs that a stop could reach, else stopped first."""
     if stopped or not members or not machines_online:
         return DELETE_NOW
     return DELETE_AFTER_STOP
@@ -207,10 +219,15 @@ def delete_plan(*, name: str, stopped: bool, deployments: int, members: int, mac
 # ------------------------------------------------------------------ add machines to a running cluster
 
 def join_check(candidates: Sequence[planning.Candidate], builds: Iterable[planning.ImageBuild], *, head_id: Hashable,
-               network: str, members: Iterable[Hashable], major: str = "2") -> dict[Hashable, planning.Verdict]:
+               network: str, members: Iterable[Hashable], major: str = "2",
+               running: Mapping[tuple[str, str], Hashable] | None = None) -> dict[Hashable, planning.Verdict]:
     """The wizard's verdicts, plus: a machine must have an address on the cluster's network to join it.
-    Machines already in this cluster are left out."""
+    Machines already in this cluster are left out. A machine of a platform the cluster runs gets the
+    build the cluster runs there (``running``: (arch, vendor) -> build id), not a newer one: a cluster
+    keeps its runtime until it is switched."""
     members = set(members)
+    builds = list(builds)
+    by_id = {b.id: b for b in builds}
     head = next((c for c in candidates if c.id == head_id), None)
     others = [c for c in candidates if c.id not in members]
     verdicts = planning.pick_check([*others, *([head] if head else [])], builds, head_id=head_id, major=major)
@@ -218,6 +235,9 @@ def join_check(candidates: Sequence[planning.Candidate], builds: Iterable[planni
     result = {}
     for candidate in others:
         verdict = verdicts[candidate.id]
+        same = by_id.get((running or {}).get((candidate.arch, (candidate.accelerator_vendor or "").lower())))
+        if verdict.runtime is not None and same is not None:
+            verdict = dataclasses.replace(verdict, runtime=same)
         if verdict.selectable and subnet is not None and cluster_address(candidate, network) is None:
             verdict = planning.Verdict(selectable=False, refusal=f"{candidate.name} has no address on the cluster's network {network}.",
                                        warning=verdict.warning, runtime_label=verdict.runtime_label, runtime=verdict.runtime)
@@ -237,3 +257,4 @@ def cluster_address(candidate: planning.Candidate, network: str) -> str | None:
 def next_head(candidates: Sequence[planning.Candidate]) -> Hashable | None:
     """Who leads once the head left a stopped cluster's record: the one with the most accelerators."""
     return planning.suggest_head(candidates)
+

@@ -1,23 +1,17 @@
-"""Thin tasks: load by primary key, call a service."""
+"""Thin tasks: load by primary key, call a runner or a service."""
 from celery import shared_task
 
-from clusters import health, probing, services, starting, stopping
+from clusters import health, services
+from clusters.runners import RUNNERS
+from clusters.runners.probe import network_probe_run
 from console import live
 from console.jobs import job_run
 from console.models import Job
 
-# Every operation on a cluster is a job of one of these kinds, run by ``cluster_job``.
-RUNNERS = {
-    services.START_KIND: starting.cluster_start_run,
-    services.ADD_KIND: starting.cluster_add_run,
-    services.REJOIN_KIND: starting.cluster_rejoin_run,
-    services.STOP_KIND: stopping.cluster_stop_run,
-    services.DELETE_KIND: stopping.cluster_delete_run,
-}
-
 
 @shared_task(acks_late=True)
 def cluster_job(job_id: int) -> None:
+    """Every operation on a cluster: a job of one of the kinds in ``RUNNERS``."""
     job = Job.objects.get(pk=job_id)
     run = RUNNERS[job.kind]
     job_run(
@@ -27,11 +21,9 @@ def cluster_job(job_id: int) -> None:
     )
 
 
-
-
 @shared_task(acks_late=True)
 def network_probe(job_id: int) -> None:
-    job_run(job_id, probing.network_probe_run, on_change=lambda j: live.push(f"probe:{j.pk}"))
+    job_run(job_id, network_probe_run, on_change=lambda j: live.push(f"probe:{j.pk}"))
 
 
 @shared_task

@@ -37,18 +37,45 @@ MAX_RESUMES = 3  # a job handed to a new worker more often than this fails inste
 
 @dataclass(frozen=True)
 class JobKind:
-    """How the reaper treats a kind of job whose worker died."""
+    """Which task runs a kind of job, and how the reaper treats it when its worker died."""
 
     task: str  # dotted path of the Celery task that runs it (takes the job's id)
+    resumable: bool  # its steps are idempotent: a new worker takes it up where it stopped
     on_failed: Callable[[Job], None] | None = None  # told when the reaper gives up on it
 
 
 _KINDS: dict[str, JobKind] = {}
 
 
-def job_kind_register(kind: str, *, task: str, on_failed: Callable[[Job], None] | None = None) -> None:
-    """Make ``kind`` resumable: its steps are idempotent and ``JobContext.done`` skips finished ones."""
-    _KINDS[kind] = JobKind(task=task, on_failed=on_failed)
+def job_kind_register(kind: str, *, task: str, resumable: bool = False, on_failed: Callable[[Job], None] | None = None) -> None:
+    """Name the task that runs ``kind``. A resumable kind's steps are idempotent and ``JobContext.done``
+    skips finished ones, so the reaper hands it to a new worker instead of failing it."""
+    _KINDS[kind] = JobKind(task=task, resumable=resumable, on_failed=on_failed)
+
+
+def task_enqueue(task: str, *args, countdown: float | None = None) -> None:
+    """Send the Celery task named by its dotted path once the transaction commits.
+
+    Named, not imported: a service never imports its app's tasks module (which imports the
+    service), so no module needs a function-level import to dodge a circle.
+    """
+    def send() -> None:
+        found = import_string(task)
+        if countdown:
+            found.apply_async(args, countdown=countdown)
+        else:
+            found.delay(*args)
+
+    transaction.on_commit(send)
+
+
+def job_start(
+    *, kind: str, title: str, target_type: str, target_id: int, steps: Sequence[str], user=None, params: dict | None = None
+) -> Job:
+    """Write a queued job (``job_create``) and send it to its kind's task once the transaction commits."""
+    job = job_create(kind=kind, title=title, target_type=target_type, target_id=target_id, steps=steps, user=user, params=params)
+    task_enqueue(_KINDS[kind].task, job.pk)
+    return job
 
 
 class JobError(Exception):
@@ -86,6 +113,12 @@ class JobContext:
         self.job = job
         self._on_change = on_change
         self._current: int | None = None
+        self._finishers: list[Callable[[], None]] = []
+
+    def on_success(self, finish: Callable[[], None]) -> None:
+        """Run ``finish`` in the transaction that marks the job succeeded: what it writes (a cluster
+        reading Running, say) is seen together with the job's end, never while the job still runs."""
+        self._finishers.append(finish)
 
     def _save(self, *fields: str) -> None:
         self.job.beat_at = timezone.now()
@@ -196,10 +229,22 @@ def _job_end(ctx: JobContext, state: str, step_state: str, *, error: str = "", e
     job.error = error
     job.error_kind = error_kind
     job.finished_at = timezone.now()
-    # Never overwrite an end state written by someone else (the reaper, say).
-    updated = Job.objects.filter(pk=job.pk, state=JobState.RUNNING, resumes=job.resumes).update(
-        state=state, error=error, error_kind=error_kind, finished_at=job.finished_at, steps=job.steps, log=job.log
-    )
+    try:
+        with transaction.atomic():
+            # Never overwrite an end state written by someone else (the reaper, say).
+            updated = Job.objects.filter(pk=job.pk, state=JobState.RUNNING, resumes=job.resumes).update(
+                state=state, error=error, error_kind=error_kind, finished_at=job.finished_at, steps=job.steps, log=job.log
+            )
+            if updated and state == JobState.SUCCEEDED:
+                for finish in ctx._finishers:
+                    finish()
+    except Exception as exc:  # noqa: BLE001 - a finisher that breaks fails the job instead of leaving it running
+        if state != JobState.SUCCEEDED:
+            raise
+        log.exception("job %s (%s): finishing failed", job.pk, job.kind)
+        message, kind = (exc.message, exc.kind) if isinstance(exc, JobError) else (f"Unexpected error: {exc}", "retryable")
+        _job_end(ctx, JobState.FAILED, StepState.FAILED, error=message, error_kind=kind)
+        return
     if updated:
         ctx._on_change(job)
     else:
@@ -220,6 +265,7 @@ def jobs_reap(*, stale_after: timedelta | None = None) -> int:
             if job is None:
                 continue  # it beat, or ended, meanwhile
             kind = _KINDS.get(job.kind)
+            kind = kind if kind and kind.resumable else None
             now = timezone.now()
             stamp = now.strftime("%H:%M:%S")
             if kind and job.resumes < MAX_RESUMES:

@@ -15,6 +15,7 @@ from fabric import Connection
 from console.jobs import JobContext, JobError
 from machines import remote, services
 from machines.agent import agent_build, agent_install, machine_preflight
+from machines.agent_client import Agent
 from machines.choices import MachineState
 from machines.models import Machine
 
@@ -52,7 +53,8 @@ def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:
             ctx.detail(f"{build.version} at {path}" + ("" if uploaded else " (already there)"))
             ctx.log(f"Agent {build.version} {'uploaded, sha256 checked' if uploaded else 'already installed'}: {path}")
             ctx.step("Read facts")
-            facts = remote.run_agent(conn, [preflight.python, path, "facts"])["facts"]
+            agent = Agent(machine, conn, argv=[preflight.python, path])
+            facts = agent.facts()
             with transaction.atomic():
                 machine.refresh_from_db()
                 machine.agent_path = path
@@ -65,11 +67,7 @@ def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:
             with transaction.atomic():
                 # Store the hash first: the first beat may arrive before the command returns.
                 Machine.objects.filter(pk=machine.pk).update(heartbeat_token_hash=token_hash)
-            remote.run_agent(
-                conn,
-                [preflight.python, path, "heartbeat", "start", "--url", url, "--interval", str(settings.FADEN_HEARTBEAT_INTERVAL)],
-                stdin=token.encode() + b"\n",
-            )
+            agent.heartbeat_start(url=url, interval=settings.FADEN_HEARTBEAT_INTERVAL, token=token)
             ctx.detail(f"every {settings.FADEN_HEARTBEAT_INTERVAL} s to {url}")
     except remote.HostKeyMismatch as exc:
         with transaction.atomic():

@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.utils.timesince import timesince
 
 from console import live
-from console.jobs import job_create
+from console.jobs import job_start
 from console.lifecycle import InvalidTransition, transition  # noqa: F401 - InvalidTransition is part of this API
 from console.models import Job
 from machines import remote
@@ -28,6 +28,7 @@ from machines.signals import machine_reconnected, machine_went_offline
 
 log = logging.getLogger(__name__)
 
+ENROL_KIND, REFRESH_KIND = "machine.enrol", "machine.refresh"
 ENROL_STEPS = ["Connect", "Check Python", "Install the agent", "Read facts", "Start the heartbeat"]
 
 
@@ -136,20 +137,16 @@ def machine_trust_host_key(*, machine: Machine, fingerprint: str, user=None) -> 
 
 def machine_enrol_start(*, machine: Machine, user=None, title: str = "") -> Job:
     """Write the enrolment job and enqueue it after commit; the machine reads Enrolling meanwhile."""
-    from machines.tasks import machine_enrol
-
     if machine.state != MachineState.ENROLLING:
         machine_transition(machine=machine, to=MachineState.ENROLLING)
-    job = job_create(
-        kind="machine.enrol",
+    return job_start(
+        kind=ENROL_KIND,
         title=title or f"Enrol {machine.name}",
         target_type="machine",
         target_id=machine.pk,
         steps=ENROL_STEPS,
         user=user,
     )
-    transaction.on_commit(lambda: machine_enrol.delay(job.pk))
-    return job
 
 
 def machine_refresh(*, machine: Machine, user=None) -> Job:
@@ -159,19 +156,16 @@ def machine_refresh(*, machine: Machine, user=None) -> Job:
     if Job.objects.filter(target_type="machine", target_id=machine.pk, state__in=["queued", "running"]).exists():
         raise ValidationError("A job is already running on this machine; wait for it to finish.")
     with transaction.atomic():
-        from machines.tasks import machine_enrol
-
         if machine.state == MachineState.FAILED:
             return machine_enrol_start(machine=machine, user=user, title=f"Refresh facts of {machine.name}")
-        job = job_create(
-            kind="machine.refresh",
+        job = job_start(
+            kind=REFRESH_KIND,
             title=f"Refresh facts of {machine.name}",
             target_type="machine",
             target_id=machine.pk,
             steps=ENROL_STEPS,
             user=user,
         )
-        transaction.on_commit(lambda: machine_enrol.delay(job.pk))
         machine_changed(machine)
     return job
 

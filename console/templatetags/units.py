@@ -19,10 +19,10 @@ def speed(mbps) -> str:
 
 
 @register.filter
-def time_left(member) -> str:
-    """How long the rest of the image takes at the current rate: ``42 s``, ``3 min``."""
-    remaining = member.image_bytes_total - member.image_bytes_done
-    if not member.image_rate or remaining <= 0:
+def time_left(transfer) -> str:
+    """How long the rest of a file takes at the current rate: ``42 s``, ``3 min``."""
+    remaining = transfer.bytes_total - transfer.bytes_done
+    if not transfer.rate or remaining <= 0:
         return "—"
-    seconds = remaining / member.image_rate
+    seconds = remaining / transfer.rate
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"

@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 
 from clusters import images, services
 from clusters.choices import ClusterState, MemberState
-from clusters.models import Cluster
+from clusters.models import Cluster, Transfer
 from machines import remote
 from machines.models import Machine
 from machines.services import machine_create, machine_target
@@ -72,9 +72,9 @@ def test_three_machines_on_fabric_reach_running_with_twenty_accelerators(enrolle
     members = {m.machine.name: m for m in cluster.members.select_related("machine")}
     assert {m.state for m in members.values()} == {MemberState.JOINED}
     assert sum(m.accelerators_in_ray for m in members.values()) == 20
-    assert members["lab-a"].image_source == "the server"
-    assert members["lab-b"].image_source.startswith("lab-a (198.18.1.11)")
-    assert members["lab-c"].image_source.startswith("lab-b (198.18.1.12)")
+    assert members["lab-a"].image_transfer.source == "the server"
+    assert members["lab-b"].image_transfer.source.startswith("lab-a (198.18.1.11)")
+    assert members["lab-c"].image_transfer.source.startswith("lab-b (198.18.1.12)")
     nodes = [n for n in ray_nodes(a, "198.18.1.11") if n["alive"]]
     assert sorted(n["address"] for n in nodes) == ["198.18.1.11", "198.18.1.12", "198.18.1.13"]
 
@@ -93,8 +93,8 @@ def start_in_background(name: str, machines, *, until_fraction_on: Machine, frac
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not done.is_set():
         cluster = Cluster.objects.filter(name=name).first()
-        member = cluster and cluster.members.filter(machine=until_fraction_on).first()
-        if member and member.image_bytes_total and member.image_bytes_done > member.image_bytes_total * fraction:
+        transfer = cluster and Transfer.objects.filter(member__cluster=cluster, member__machine=until_fraction_on).first()
+        if transfer and transfer.bytes_total and transfer.bytes_done > transfer.bytes_total * fraction:
             break
         time.sleep(0.05)
     return done
@@ -112,7 +112,7 @@ def test_a_transfer_cut_in_the_middle_resumes_with_at_most_one_chunk_sent_again(
     assert cluster.state == ClusterState.RUNNING, cluster.state_reason
     member = cluster.members.get(machine=b)
     image = member.runtime_image
-    assert image.size_bytes <= member.image_bytes_fetched <= image.size_bytes + image.chunk_size
+    assert image.size_bytes <= member.image_transfer.bytes_fetched <= image.size_bytes + image.chunk_size
 
 
 def test_a_machine_without_room_says_how_much_is_needed_and_writes_nothing(enrolled):

@@ -157,7 +157,7 @@ def test_a_machine_added_to_a_running_cluster_gets_the_image_from_the_cluster_an
 
     cluster = wait_for(lambda: all_up("grow", 3), timeout=120, what="lab-c to join")
     added = cluster.members.get(machine=c)
-    assert added.image_source.startswith(("lab-a", "lab-b"))  # from a machine of the cluster, not the server
+    assert added.image_transfer.source.startswith(("lab-a", "lab-b"))  # from a machine of the cluster, not the server
     assert sum(cluster.members.values_list("accelerators_in_ray", flat=True)) == before + added.accelerators_in_ray > before
 
 
@@ -191,4 +191,4 @@ def test_the_worker_killed_in_the_middle_of_a_start_is_replaced_and_the_start_st
     assert "Taken up again where it stopped" in job.log
     assert [s["state"] for s in job.steps] == ["done"] * len(job.steps)
     for member in cluster.members.all():  # the image crossed the network once, not once per run
-        assert member.image_bytes_fetched <= member.runtime_image.size_bytes + member.runtime_image.chunk_size
+        assert member.image_transfer.bytes_fetched <= member.runtime_image.size_bytes + member.runtime_image.chunk_size

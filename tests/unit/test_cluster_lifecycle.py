@@ -7,7 +7,8 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from clusters import health, services, tasks
+from clusters import actions, health, selectors, services, steps, tasks
+from tests.fakes import FakeAgents
 from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, RuntimeImage
 from console import live
@@ -147,8 +148,8 @@ def test_stop_moves_a_running_cluster_to_stopping_and_writes_one_stop_job(commit
     assert cluster.state_reason == "Stopping Ray and the runtime on every machine."
     assert (cluster.restart_attempt, cluster.next_retry_at) == (0, None)
     assert jobs_of(room) == [job]
-    assert (job.kind, job.title, job.state) == (services.STOP_KIND, "Stop gpu-room", JobState.QUEUED)
-    assert [s["name"] for s in job.steps] == services.STOP_STEPS
+    assert (job.kind, job.title, job.state) == (steps.STOP.kind, "Stop gpu-room", JobState.QUEUED)
+    assert [s["name"] for s in job.steps] == steps.STOP.step_names
     assert queued == [("cluster_job", job.pk)]
 
 
@@ -161,7 +162,7 @@ def test_stop_is_refused_on_a_stopped_cluster(committed, queued, stopped_room):
 
 
 def test_stop_is_refused_while_another_stop_runs_on_the_cluster_and_names_it(committed, queued, room):
-    JobFactory(kind=services.STOP_KIND, title="Stop gpu-room", target_type="cluster", target_id=room.pk,
+    JobFactory(kind=steps.STOP.kind, title="Stop gpu-room", target_type="cluster", target_id=room.pk,
                state=JobState.RUNNING)
 
     words = refused(committed, services.cluster_stop, cluster=room)
@@ -171,15 +172,19 @@ def test_stop_is_refused_while_another_stop_runs_on_the_cluster_and_names_it(com
     assert len(jobs_of(room)) == 1 and queued == []
 
 
-def test_machines_that_did_not_confirm_a_stop_leave_the_cluster_waiting_for_a_person(room):
+def test_machines_that_did_not_confirm_a_stop_leave_the_cluster_waiting_for_a_person_to_stop_or_delete_again(room):
     Cluster.objects.filter(pk=room.pk).update(state=ClusterState.STOPPING)
 
     message = services.cluster_stop_unconfirmed(cluster=fresh(room), failures=["gpu-b did not answer (timed out)."])
 
     cluster = fresh(room)
-    assert cluster.state == ClusterState.WAITING
+    assert cluster.state == ClusterState.UNCONFIRMED
     assert cluster.state_reason == message
     assert message.startswith("The machines did not confirm the cluster stopped. gpu-b did not answer (timed out).")
+    offers = actions.cluster_actions(cluster, None)
+    assert offers["stop"].ok and offers["delete"].ok
+    assert not offers["start"].ok and not offers["retry"].ok
+    assert actions.page_flags(cluster) == {"show_start": False, "show_retry": False, "show_check": False, "stop_again": True}
 
 
 # -- start and try again -----------------------------------------------------------------------------
@@ -204,8 +209,8 @@ def test_start_of_a_stopped_cluster_writes_a_restart_job_and_reads_starting(comm
     cluster = fresh(stopped_room)
     assert cluster.state == ClusterState.STARTING
     assert (cluster.restart_attempt, cluster.start_attempts) == (0, 1)
-    assert (job.kind, job.params) == (services.START_KIND, {"restart": True})
-    assert [s["name"] for s in job.steps] == [services.RESTART_STEP, *services.START_STEPS]
+    assert (job.kind, job.params) == (steps.START.kind, {"restart": True})
+    assert [s["name"] for s in job.steps] == [steps.STOP_RAY.name, *steps.START.step_names]
     assert set(stopped_room.members.values_list("state", flat=True)) == {MemberState.PENDING}
     assert queued == [("cluster_job", job.pk)]
 
@@ -285,7 +290,7 @@ def test_a_failed_cluster_whose_time_came_is_restarted(committed, queued, settin
     assert cluster.state_reason == "Trying again, as every 15 minutes after 3 failed restarts."
     assert cluster.next_retry_at is None
     (job,) = jobs_of(cluster)
-    assert (job.kind, job.params) == (services.START_KIND, {"restart": True})
+    assert (job.kind, job.params) == (steps.START.kind, {"restart": True})
     assert queued == [("cluster_job", job.pk)]
 
 
@@ -320,7 +325,7 @@ def test_clusters_whose_pause_is_not_over_or_that_are_busy_are_left_alone(commit
                       restart_attempt=1, next_retry_at=timezone.now() - timedelta(seconds=1))
     running = cluster_of([gpu_machine("gpu-c", 13)], name="running", runtime=runtime,
                          next_retry_at=timezone.now() - timedelta(seconds=1))
-    JobFactory(kind=services.STOP_KIND, title="Stop busy", target_type="cluster", target_id=busy.pk)
+    JobFactory(kind=steps.STOP.kind, title="Stop busy", target_type="cluster", target_id=busy.pk)
 
     assert committed(services.clusters_retry_due) == []
 
@@ -372,7 +377,7 @@ def test_delete_of_a_running_cluster_stops_it_first_in_a_delete_job(committed, q
 
     cluster = fresh(room)
     assert cluster.state == ClusterState.DELETING
-    assert (job.kind, [s["name"] for s in job.steps]) == (services.DELETE_KIND, services.DELETE_STEPS)
+    assert (job.kind, [s["name"] for s in job.steps]) == (steps.DELETE.kind, steps.DELETE.step_names)
     assert queued == [("cluster_job", job.pk)]
 
 
@@ -425,7 +430,7 @@ def test_added_machines_join_with_their_address_on_the_cluster_network_in_an_add
     c, d = member_of(gpu_c), member_of(gpu_d)
     assert (c.cluster_id, c.role, c.address, c.runtime_image_id) == (room.pk, Role.WORKER, "198.18.1.13", runtime.pk)
     assert (d.address, d.state) == ("198.18.1.14", MemberState.PENDING)
-    assert (job.kind, job.title, job.params) == (services.ADD_KIND, "Add gpu-c, gpu-d to gpu-room", {"members": [c.pk, d.pk]})
+    assert (job.kind, job.title, job.params) == (steps.ADD.kind, "Add gpu-c, gpu-d to gpu-room", {"members": [c.pk, d.pk]})
     assert fresh(room).state == ClusterState.RUNNING
     assert queued == [("cluster_job", job.pk)]
 
@@ -607,10 +612,8 @@ def silent(machine: Machine, error: str = "Could not reach 198.18.0.11 port 22: 
 
 @pytest.fixture
 def answers(monkeypatch):
-    """The agents' answers by machine name, as clusters.health._ask would return them; fill it in a test."""
-    given: dict[str, dict] = {}
-    monkeypatch.setattr(health, "_ask", lambda member, gcs: given[member.machine.name])
-    return given
+    """The agents' answers by machine name (their runtime status, Ray on the head, or an error); fill it in a test."""
+    return FakeAgents().install(monkeypatch).answers
 
 
 def all_well(answers, gpu_a, gpu_b):
@@ -683,7 +686,7 @@ def test_a_head_still_down_on_the_second_look_restarts_the_cluster_once_as_attem
     assert (cluster.state, cluster.restart_attempt) == (ClusterState.STARTING, 1)
     assert cluster.state_reason == second.action
     (job,) = jobs_of(room)
-    assert (job.kind, job.params) == (services.START_KIND, {"restart": True})
+    assert (job.kind, job.params) == (steps.START.kind, {"restart": True})
     assert queued == [("cluster_job", job.pk)]
     assert HealthCheck.objects.count() == 2
 
@@ -701,7 +704,7 @@ def test_a_worker_still_out_of_ray_on_the_second_look_joins_again_while_the_clus
     b = member_of(gpu_b)
     assert b.state == MemberState.REJOINING
     (job,) = jobs_of(room)
-    assert (job.kind, job.params) == (services.REJOIN_KIND, {"members": [b.pk]})
+    assert (job.kind, job.params) == (steps.REJOIN.kind, {"members": [b.pk]})
     assert fresh(room).state == ClusterState.RUNNING
     assert queued == [("cluster_job", job.pk)]
 
@@ -775,7 +778,7 @@ def test_a_worker_offline_means_waiting_for_it_with_no_job(committed, queued, an
 
 
 def test_a_scheduled_check_leaves_a_busy_cluster_alone_and_a_manual_one_says_why(committed, queued, answers, room):
-    JobFactory(kind=services.ADD_KIND, title="Add gpu-c to gpu-room", target_type="cluster", target_id=room.pk,
+    JobFactory(kind=steps.ADD.kind, title="Add gpu-c to gpu-room", target_type="cluster", target_id=room.pk,
                state=JobState.RUNNING)
 
     assert check(committed, room) is None
@@ -802,7 +805,7 @@ def test_check_now_queues_a_manual_check_that_names_who_asked(committed, queued,
 def test_the_due_checks_skip_busy_clusters_and_clusters_that_are_not_running(committed, queued, runtime):
     idle = cluster_of([gpu_machine("gpu-a", 11)], name="idle", runtime=runtime)
     busy = cluster_of([gpu_machine("gpu-b", 12)], name="busy", runtime=runtime)
-    JobFactory(kind=services.REJOIN_KIND, title="Join gpu-b again", target_type="cluster", target_id=busy.pk)
+    JobFactory(kind=steps.REJOIN.kind, title="Join gpu-b again", target_type="cluster", target_id=busy.pk)
     for host, state in enumerate((ClusterState.STOPPED, ClusterState.FAILED, ClusterState.STARTING), start=20):
         cluster_of([gpu_machine(f"gpu-{state}", host)], name=state, runtime=runtime, state=state)
 
@@ -825,14 +828,14 @@ def test_the_due_checks_run_a_lost_second_look_and_wait_for_one_still_due(commit
 
 
 def test_stop_while_machines_join_asks_that_job_to_end_and_queues_the_stop_behind_it(committed, queued, room):
-    adding = JobFactory(kind=services.ADD_KIND, title="Add gpu-c to gpu-room", target_type="cluster", target_id=room.pk,
+    adding = JobFactory(kind=steps.ADD.kind, title="Add gpu-c to gpu-room", target_type="cluster", target_id=room.pk,
                         state=JobState.RUNNING)
 
     job = committed(services.cluster_stop, cluster=room)
 
     adding.refresh_from_db()
     assert adding.cancel_requested and adding.state == JobState.RUNNING  # it ends itself at its next step
-    assert job.kind == services.STOP_KIND and fresh(room).state == ClusterState.STOPPING
+    assert job.kind == steps.STOP.kind and fresh(room).state == ClusterState.STOPPING
 
 
 def test_a_member_machine_going_offline_queues_a_check_of_its_running_cluster(committed, queued, room, gpu_b, settings):

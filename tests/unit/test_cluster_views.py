@@ -6,7 +6,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from clusters import services, views
+from clusters import actions, pages, services, steps, views
 from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, NetworkMeasurement, RuntimeImage
 from console.models import Job
@@ -103,7 +103,7 @@ def test_the_page_renders_in_every_state_with_its_badge(admin_client, build, sta
 def test_deploy_a_model_is_disabled_and_says_where_models_are_deployed_from(admin_client, build):
     html = page(admin_client, make_cluster(build))
     assert "disabled" in button(html, "Deploy a model")
-    assert views.DEPLOY_LATER in html
+    assert actions.DEPLOY_LATER in html
 
 
 def test_a_busy_cluster_disables_its_buttons_and_names_the_operation_under_way(admin_client, build):
@@ -112,7 +112,7 @@ def test_a_busy_cluster_disables_its_buttons_and_names_the_operation_under_way(a
     html = page(admin_client, cluster)
     assert "disabled" in button(html, "Stop")
     assert "disabled" in button(html, "Add machines")
-    assert "Stop gpu-room is running: one operation at a time." in html
+    assert "gpu-room is busy: Stop gpu-room is running. Add machines once it has finished." in html
 
 
 def test_stop_stays_offered_while_machines_join_because_it_wins_over_them(admin_client, build):
@@ -270,11 +270,11 @@ def test_the_machine_panel_shows_remove_disabled_with_the_reason_on_a_running_cl
     panel = re.search(rf'<div class="machine-panel" id="machine-panel-{worker.pk}"[^>]*>.*?</ul>', html, re.S).group(0)
     assert " hidden" not in panel.split(">")[0]
     assert "disabled" in button(panel, "Remove from cluster")
-    assert "A machine leaves a running cluster by a drain, which comes with deployments." in panel
+    assert "a machine leaves a running cluster by a drain, which comes with deployments." in panel
     assert "disabled" in button(panel, "Drain")
-    assert views.DRAIN_LATER in panel
+    assert actions.DRAIN_LATER in panel
     head_panel = re.search(rf'<div class="machine-panel" id="machine-panel-{head.pk}"[^>]*>.*?</ul>', html, re.S).group(0)
-    assert "To take out the head, stop the cluster first." in head_panel
+    assert "to take out the head, stop the cluster first." in head_panel
     assert " hidden" in head_panel.split(">")[0]
 
 
@@ -325,8 +325,8 @@ def test_the_diagram_shows_the_measured_mbit_s_from_the_head_and_not_measured_ot
 
 def test_the_diagram_stays_within_reach_for_twenty_machines(build):
     cluster = make_cluster(build, hosts=range(20, 40))
-    cards = views.cluster_cards(cluster)
-    diagram = views.wiring_card(cluster, cards)["diagram"]
+    cards = pages.cluster_cards(cluster)
+    diagram = pages.wiring_card(cluster, cards)["diagram"]
     assert len(diagram["nodes"]) == 19 and diagram["compact"]
     assert diagram["height"] < 1200
     tops = [n["y"] for n in diagram["nodes"]]
@@ -389,7 +389,7 @@ def test_changing_to_the_network_it_already_runs_on_shows_the_services_refusal(a
 
 
 def test_render_cluster_topic_tells_the_page_a_deleted_cluster_was_deleted():
-    (html,) = views.render_cluster_topic("424242", "")
+    (html,) = pages.render_cluster_topic("424242", "")
     assert 'id="cluster-header"' in html and 'hx-swap-oob="true"' in html
     assert "This cluster was deleted" in html and 'href="/clusters/"' in html
 
@@ -402,7 +402,7 @@ def test_render_cluster_topic_tells_the_page_a_deleted_cluster_was_deleted():
 ])
 def test_each_part_of_the_cluster_topic_sends_its_cards_out_of_band(build, part, ids):
     cluster = make_cluster(build)
-    (html,) = views.render_cluster_topic(str(cluster.pk), part)
+    (html,) = pages.render_cluster_topic(str(cluster.pk), part)
     for card in ids:
         assert re.search(rf'id="{card}"[^>]*hx-swap-oob="true"', html), card
 
@@ -413,7 +413,7 @@ def test_the_list_push_carries_every_row_so_a_deleted_cluster_leaves_the_list(bu
     gone_pk = gone.pk
     gone.members.all().delete()
     gone.delete()
-    (html,) = views.render_clusters_topic("", str(gone_pk))
+    (html,) = pages.render_clusters_topic("", str(gone_pk))
     assert html.lstrip().startswith('<tbody id="cluster-rows" hx-swap-oob="true">')
     assert f'id="cluster-row-{kept.pk}"' in html
     assert f'id="cluster-row-{gone_pk}"' not in html

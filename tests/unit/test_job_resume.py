@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from clusters import services, tasks
+from clusters import selectors, services, steps, tasks
 from clusters.choices import ClusterState
 from clusters.models import Cluster
 from console import jobs
@@ -40,7 +40,7 @@ def resumable():
     assert KIND not in jobs._KINDS
     given_up: list[Job] = []
     resumed_task.enqueued.clear()
-    job_kind_register(KIND, task=f"{__name__}.resumed_task", on_failed=given_up.append)
+    job_kind_register(KIND, task=f"{__name__}.resumed_task", resumable=True, on_failed=given_up.append)
     yield given_up
     jobs._KINDS.pop(KIND, None)
     resumed_task.enqueued.clear()
@@ -141,7 +141,7 @@ def test_the_reaper_leaves_a_resumable_job_with_a_recent_beat_and_a_requeued_one
 
 @pytest.mark.django_db
 def test_every_cluster_operation_is_resumable_by_the_cluster_job_task():
-    for kind in (services.START_KIND, services.ADD_KIND, services.REJOIN_KIND, services.STOP_KIND, services.DELETE_KIND):
+    for kind in (steps.START.kind, steps.ADD.kind, steps.REJOIN.kind, steps.STOP.kind, steps.DELETE.kind):
         assert jobs._KINDS[kind].task == "clusters.tasks.cluster_job"
         assert jobs._KINDS[kind].on_failed is not None
 
@@ -151,7 +151,7 @@ def test_a_stale_cluster_start_goes_back_to_the_cluster_job_task(monkeypatch, dj
     enqueued = []
     monkeypatch.setattr(tasks.cluster_job, "delay", enqueued.append)
     cluster = Cluster.objects.create(name="gpu-room", state=ClusterState.STARTING)
-    job = stale_running(kind=services.START_KIND, target_type="cluster", target_id=cluster.pk)
+    job = stale_running(kind=steps.START.kind, target_type="cluster", target_id=cluster.pk)
 
     with django_capture_on_commit_callbacks(execute=True):
         jobs_reap()
@@ -164,7 +164,7 @@ def test_a_stale_cluster_start_goes_back_to_the_cluster_job_task(monkeypatch, dj
 def test_a_cluster_start_given_up_on_goes_the_way_a_failed_start_goes(monkeypatch, django_capture_on_commit_callbacks):
     monkeypatch.setattr("console.live.push", lambda *args, **kwargs: None)
     cluster = Cluster.objects.create(name="gpu-room", state=ClusterState.STARTING, start_attempts=1)
-    stale_running(kind=services.START_KIND, target_type="cluster", target_id=cluster.pk, resumes=MAX_RESUMES)
+    stale_running(kind=steps.START.kind, target_type="cluster", target_id=cluster.pk, resumes=MAX_RESUMES)
 
     with django_capture_on_commit_callbacks(execute=True):
         jobs_reap()

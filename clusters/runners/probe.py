@@ -1,4 +1,4 @@
-"""The wizard's network test: real bytes between the head and every other machine, on every shared network."""
+"""The network test: real bytes between the head and every other machine, on every shared network."""
 from __future__ import annotations
 
 import threading
@@ -6,13 +6,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import connections
 
-from clusters import planning, services
+from clusters import planning
 from clusters.models import NetworkMeasurement
+from clusters.selectors import candidates
 from console import live
 from console.jobs import JobContext
-from machines import remote
+from machines.agent_client import Agent, AgentError, AgentErrorKind
 from machines.models import Machine
-from machines.services import machine_target
 
 PROBE_PORT = 7471
 PROBE_SECONDS = 3
@@ -20,7 +20,7 @@ PROBE_SECONDS = 3
 
 def network_probe_run(ctx: JobContext) -> None:
     machine_ids, head_id = ctx.job.params["machines"], ctx.job.params["head"]
-    picked = services.candidates(machine_ids)
+    picked = candidates(machine_ids)
     machines = {m.pk: m for m in Machine.objects.filter(pk__in=machine_ids)}
     head = machines[head_id]
     for network in planning.shared_networks(picked):
@@ -46,10 +46,9 @@ def _measure(subnet: str, head: Machine, target: Machine, head_address: str, tar
 
         def serve() -> None:
             try:
-                with remote.connect(machine_target(target)) as conn:
-                    remote.run_agent(conn, target.agent_command("probe", "serve", "--bind", target_address,
-                                            "--port", str(PROBE_PORT), "--seconds", str(PROBE_SECONDS)), timeout=PROBE_SECONDS + 30)
-            except remote.RemoteError as exc:
+                with Agent.open(target) as agent:
+                    agent.probe_serve(bind=target_address, port=PROBE_PORT, seconds=PROBE_SECONDS)
+            except AgentError as exc:
                 server_error.append(exc.message)
             finally:
                 connections.close_all()
@@ -57,12 +56,12 @@ def _measure(subnet: str, head: Machine, target: Machine, head_address: str, tar
         server = threading.Thread(target=serve)
         server.start()
         try:
-            with remote.connect(machine_target(head)) as conn:
-                result = _send_when_listening(conn, head, target_address)
+            with Agent.open(head) as agent:
+                mbps = _send_when_listening(agent, target_address)
         finally:
             server.join()
-        mbps, error = float(result["mbps"]), ""
-    except remote.RemoteError as exc:
+        error = ""
+    except AgentError as exc:
         mbps, error = None, exc.message
     NetworkMeasurement.objects.update_or_create(
         subnet=subnet, source=head, target=target, defaults={"mbps": mbps, "error": error}
@@ -76,15 +75,14 @@ def _measure(subnet: str, head: Machine, target: Machine, head_address: str, tar
     return mbps
 
 
-def _send_when_listening(conn, head: Machine, target_address: str) -> dict:
+def _send_when_listening(agent: Agent, target_address: str) -> float:
     """The target's probe server starts over its own SSH session: try a few times while it comes up."""
-    last: remote.RemoteError | None = None
+    last: AgentError | None = None
     for _ in range(20):
         try:
-            return remote.run_agent(conn, head.agent_command("probe", "send", "--to", target_address,
-                                           "--port", str(PROBE_PORT), "--seconds", str(PROBE_SECONDS)), timeout=PROBE_SECONDS + 30)
-        except remote.RemoteError as exc:
-            if exc.kind != "unreachable":
+            return agent.probe_send(to=target_address, port=PROBE_PORT, seconds=PROBE_SECONDS)
+        except AgentError as exc:
+            if exc.kind != AgentErrorKind.UNREACHABLE:
                 raise
             last = exc
             threading.Event().wait(0.25)  # the server's SSH session is still starting

@@ -1,27 +1,27 @@
-"""Stopping a cluster (Ray, the runtime and the image server stop on every machine, freeing the
+"""Stopping a cluster (Ray, the runtime and the file server stop on every machine, freeing the
 GPUs) and deleting one (stopped on the machines that answer, then its record goes).
 
-A machine that does not answer cannot confirm it stopped: the cluster then waits for a person,
-who checks the machines and stops or deletes again. Stopping twice is harmless: every agent
-command here is a no-op on a machine where nothing runs.
+A machine that does not answer cannot confirm it stopped: the cluster then reads Stop not
+confirmed, and a person checks the machines and stops or deletes again. Stopping twice is
+harmless: every agent command here is a no-op on a machine where nothing runs.
 """
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from django.db import transaction
 
-from clusters import services
+from clusters import services, steps
 from clusters.choices import ClusterState, MemberState
+from clusters.fanout import each
+from clusters.lifecycle import cluster_transition, member_transition
 from clusters.models import Cluster, ClusterMember
-from clusters.starting import MAX_PARALLEL, _in_thread, _members
+from clusters.selectors import cluster_members
 from console.choices import JOB_ACTIVE
 from console.jobs import JobContext, JobError
 from console.models import Job
-from machines import remote
+from machines.agent_client import Agent, AgentError
 from machines.choices import MachineState
-from machines.services import machine_target
 
 OTHER_JOB_WAIT = 600  # seconds a stop waits for the start it cancelled to reach its next step
 
@@ -34,21 +34,18 @@ def _stop_on(member: ClusterMember) -> str | None:
     if not machine.agent_path:
         return f"{machine.name} has no agent."
     try:
-        with remote.connect(machine_target(machine)) as conn:
-            remote.run_agent(conn, [*machine.agent_command(), "runtime", "stop"], timeout=90)
-            remote.run_agent(conn, [*machine.agent_command(), "image", "serve", "stop"], timeout=60)
-    except remote.RemoteError as exc:
+        with Agent.open(machine) as agent:
+            agent.runtime_stop()
+            agent.serve_stop()
+    except AgentError as exc:
         return f"{machine.name}: {exc.message.rstrip('.')}."
-    ClusterMember.objects.filter(pk=member.pk).update(state=MemberState.STOPPED, state_reason="", accelerators_in_ray=0, ray_node_id="")
-    services.cluster_changed(member.cluster, part="members")
+    member_transition(member, to=MemberState.STOPPED, accelerators_in_ray=0, ray_node_id="")
     return None
 
 
 def _stop_all(ctx: JobContext, members: list[ClusterMember]) -> list[str]:
     ctx.detail(", ".join(m.machine.name for m in members) or "no machine to stop")
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(members)))) as pool:
-        failures = [f for f in pool.map(lambda m: _in_thread(_stop_on, m), members) if f]
-    return failures
+    return each(members, _stop_on)
 
 
 def _wait_for_other_jobs(ctx: JobContext, cluster: Cluster) -> None:
@@ -61,20 +58,20 @@ def _wait_for_other_jobs(ctx: JobContext, cluster: Cluster) -> None:
             raise JobError(f"{others.first().title} did not end within {OTHER_JOB_WAIT // 60} minutes of being asked to; "
                            "stop the cluster again once it has.")
         ctx.check_cancel()
-        time.sleep(0.5)
+        time.sleep(0.5)  # polling the other job's row: it ends at its next step
 
 
 def cluster_stop_run(ctx: JobContext, *, cluster_id: int) -> None:
     cluster = Cluster.objects.get(pk=cluster_id)
     _wait_for_other_jobs(ctx, cluster)
-    ctx.step("Stop Ray and the runtime")
-    failures = _stop_all(ctx, _members(cluster))
+    steps.STOP_ALL.always(ctx)
+    failures = _stop_all(ctx, cluster_members(cluster))
     with transaction.atomic():
         cluster.refresh_from_db()
         if failures:
             message = services.cluster_stop_unconfirmed(cluster=cluster, failures=failures)
         else:
-            services.cluster_transition(cluster=cluster, to=ClusterState.STOPPED, reason="")
+            cluster_transition(cluster=cluster, to=ClusterState.STOPPED, reason="")
     if failures:
         raise JobError(message)
 
@@ -85,17 +82,17 @@ def cluster_delete_run(ctx: JobContext, *, cluster_id: int) -> None:
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
         return  # deleted by an earlier run of this job
-    if not ctx.done("Stop Ray and the runtime"):
+    if not ctx.done(steps.STOP_ALL.name):
         _wait_for_other_jobs(ctx, cluster)
-        ctx.step("Stop Ray and the runtime")
-        online = [m for m in _members(cluster) if m.machine.state != MachineState.OFFLINE]
+        steps.STOP_ALL.always(ctx)
+        online = [m for m in cluster_members(cluster) if m.machine.state != MachineState.OFFLINE]
         failures = _stop_all(ctx, online)
         if failures:
             with transaction.atomic():
                 cluster.refresh_from_db()
                 message = services.cluster_stop_unconfirmed(cluster=cluster, failures=failures)
             raise JobError(message)
-    ctx.step("Delete the record")
+    steps.DELETE_RECORD.always(ctx)
     with transaction.atomic():
         services.cluster_record_delete(cluster=cluster)
 

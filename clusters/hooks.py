@@ -1,0 +1,66 @@
+"""Where apps above clusters (deployments) plug in, so that clusters never imports them.
+
+- Signals, sent inside the transaction of the change (receivers that enqueue
+  work do it on commit): ``cluster_running`` (a start or restart ended with the
+  cluster Running), ``cluster_stopping`` (a stop or a delete begins),
+  ``member_leaving`` (a machine leaves the cluster's record).
+- ``page_card_register``: a card on the cluster's page (a template and a
+  function giving its context), drawn in the order registered.
+- ``delete_blocker_register``: a check that refuses Delete with a sentence
+  (deployments that still run on the cluster, say).
+- ``health_extension_register``: called after each health check with what was
+  looked at, so that an app can look at its own parts (copies of models).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from django.dispatch import Signal
+
+# cluster (the Cluster row); sent when a start ends with the cluster Running.
+cluster_running = Signal()
+# cluster, deleting (bool); sent when a stop or a delete is written.
+cluster_stopping = Signal()
+# cluster, machine_id; sent before a machine leaves the cluster's record.
+member_leaving = Signal()
+
+
+@dataclass(frozen=True)
+class PageCard:
+    name: str
+    template: str  # rendered with the cluster's page context plus what ``context`` returns
+    context: Callable[[object], dict]  # (cluster) -> context
+
+
+_cards: dict[str, PageCard] = {}
+_delete_blockers: dict[str, Callable[[object], str | None]] = {}
+_health_extensions: dict[str, Callable[[object, dict], None]] = {}
+
+
+def page_card_register(name: str, *, template: str, context: Callable[[object], dict]) -> None:
+    _cards[name] = PageCard(name=name, template=template, context=context)
+
+
+def page_cards() -> list[PageCard]:
+    return list(_cards.values())
+
+
+def delete_blocker_register(name: str, check: Callable[[object], str | None]) -> None:
+    """``check(cluster)`` returns why the cluster cannot be deleted now, or None."""
+    _delete_blockers[name] = check
+
+
+def delete_blockers(cluster) -> list[str]:
+    """Every reason that refuses deleting the cluster now, in words."""
+    return [why for check in _delete_blockers.values() if (why := check(cluster))]
+
+
+def health_extension_register(name: str, extension: Callable[[object, dict], None]) -> None:
+    """``extension(cluster, answers)`` runs after each recorded check; answers are each machine's agent's."""
+    _health_extensions[name] = extension
+
+
+def health_extensions_run(cluster, answers: dict) -> None:
+    for extension in _health_extensions.values():
+        extension(cluster, answers)

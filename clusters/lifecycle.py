@@ -1,0 +1,74 @@
+"""How a cluster and its members change state: the one guard for each, the row lock, and the
+live topics a change is pushed to.
+
+A cluster's state changes through ``cluster_transition``, a member's through
+``member_transition``; both check the tables in choices.py. Workers of a start
+hold member objects that may be older than the database, so the member guard
+checks the state the database holds, in the same UPDATE that changes it.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from clusters.choices import CLUSTER_TRANSITIONS, MEMBER_TRANSITIONS, MemberState
+from clusters.models import Cluster, ClusterMember
+from console import live
+from console.lifecycle import InvalidTransition, transition
+
+__all__ = ["InvalidTransition", "cluster_changed", "cluster_locked", "cluster_transition", "member_transition",
+           "members_transition"]
+
+
+def cluster_changed(cluster: Cluster | int, part: str = "") -> None:
+    """Push the cluster's page (or one part of it: members, job, checks) and its row of the list."""
+    pk = cluster if isinstance(cluster, int) else cluster.pk
+    live.push(f"cluster:{pk}", part=part)
+    live.push("clusters", part=str(pk))
+
+
+def cluster_locked(cluster: Cluster) -> Cluster:
+    """The cluster's row, locked until the transaction ends, so that two requests cannot both act on it."""
+    return Cluster.objects.select_for_update().get(pk=cluster.pk)
+
+
+def cluster_transition(*, cluster: Cluster, to: str, reason: str = "") -> bool:
+    """The one way a cluster changes state: checked against the table, saved, pushed."""
+    return transition(cluster, to=to, allowed=CLUSTER_TRANSITIONS, reason=reason, on_change=lambda: cluster_changed(cluster))
+
+
+def _sources(to: str) -> list[str]:
+    """The states a member may come from to reach ``to`` (itself included: that only refreshes the reason)."""
+    return [state for state, targets in MEMBER_TRANSITIONS.items() if to in targets or state == to]
+
+
+def members_transition(members: QuerySet[ClusterMember] | Iterable[int], *, to: str, reason: str = "",
+                       only_from: Iterable[str] | None = None, push: bool = True, **fields) -> int:
+    """Move members to ``to`` (with ``fields`` written alongside), each checked against the table in the
+    same UPDATE. ``only_from`` narrows who moves (the others are left as they are, not refused). A member
+    the table does not let go there raises InvalidTransition; nothing is written then."""
+    rows = members if isinstance(members, QuerySet) else ClusterMember.objects.filter(pk__in=list(members))
+    if only_from is not None:
+        rows = rows.filter(state__in=list(only_from))
+    refused = rows.exclude(state__in=_sources(to)).values_list("machine__name", "state").first()
+    if refused:
+        name, state = refused
+        raise InvalidTransition(f"{name} cannot go from {MemberState(state).label} to {MemberState(to).label}.")
+    # The state filter is in the UPDATE itself: a state the table forbids is never written.
+    allowed = rows.filter(state__in=_sources(to))
+    changed = allowed.exclude(state=to).update(state_changed_at=timezone.now())
+    allowed.update(state=to, state_reason=reason, **fields)
+    if push:  # a start's ProgressBoard pushes on its own tick instead
+        for cluster_id in set(allowed.values_list("cluster_id", flat=True)):
+            cluster_changed(cluster_id, part="members")
+    return changed
+
+
+def member_transition(member: ClusterMember, *, to: str, reason: str = "", **fields) -> None:
+    """The one way a member changes state. The object is updated too, for the caller that holds it."""
+    members_transition(ClusterMember.objects.filter(pk=member.pk), to=to, reason=reason, **fields)
+    member.state, member.state_reason = to, reason
+    for name, value in fields.items():
+        setattr(member, name, value)

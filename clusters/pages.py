@@ -1,0 +1,188 @@
+"""What the cluster pages show: the cards of a cluster's page, the list's rows, the network step,
+and the live renders that push them. Views render these for a request; ``render_*_topic`` render
+the same partials for a websocket push.
+"""
+from __future__ import annotations
+
+import json
+
+from django.template.loader import render_to_string
+
+from clusters import actions, hooks, planning, selectors
+from clusters.choices import MemberState, Role
+from clusters.models import Cluster, ClusterMember, HealthCheck, NetworkMeasurement
+from clusters.wiring import wiring_diagram
+from console.models import Job
+
+
+def cluster_cards(cluster: Cluster, members: list[ClusterMember] | None = None) -> dict:
+    """The header, the summary, the member table and the operation card."""
+    members = selectors.cluster_members(cluster, accelerators=True) if members is None else members
+    jobs = list(Job.objects.filter(target_type="cluster", target_id=cluster.pk)[:1])
+    busy = selectors.cluster_busy(cluster)
+    joined = [m for m in members if m.state == MemberState.JOINED]
+    return {
+        "cluster": cluster,
+        "members": members,
+        "job": jobs[0] if jobs else None,
+        "busy": busy,
+        "actions": actions.cluster_actions(cluster, busy) | actions.page_flags(cluster),
+        "head": next((m for m in members if m.role == Role.HEAD), None),
+        "summary": {
+            "machines_up": len(joined),
+            "machines": len(members),
+            "accelerators": sum(m.accelerators_in_ray for m in joined),
+            "free_accelerators": sum(m.accelerators_in_ray for m in joined),  # nothing is deployed yet
+        },
+    } | extra_cards(cluster)
+
+
+def _short_digest(digest: str | None) -> str:
+    return (digest or "").removeprefix("sha256:")[:12]
+
+
+def _measured_links(cluster: Cluster, head: ClusterMember | None) -> dict[int, NetworkMeasurement]:
+    """The last bandwidth test from the head to each machine on the cluster's own network."""
+    if head is None or not cluster.network:
+        return {}
+    rows = NetworkMeasurement.objects.filter(subnet=cluster.network, source_id=head.machine_id)
+    return {row.target_id: row for row in rows}
+
+
+def _member_view(cluster: Cluster, m: ClusterMember, link: NetworkMeasurement | None, count: int, busy: Job | None) -> dict:
+    """One machine's box in the diagram and its panel."""
+    status = m.last_status or {}
+    runtime = status.get("runtime") or {}
+    ray_node = status.get("ray_node") or {}
+    return {
+        "m": m,
+        "accelerators": m.machine.accelerator_summary,
+        "accelerator_count": len(m.machine.accelerators.all()),
+        "runtime": runtime,
+        "ray": runtime.get("ray") or {},
+        "ray_node": ray_node,
+        "error": status.get("error", ""),
+        "running_digest": _short_digest(runtime.get("digest")),
+        "image_digest": _short_digest(m.runtime_image.digest) if m.runtime_image else "",
+        "node_id": ray_node.get("node_id") or m.ray_node_id,
+        "link": link,
+        "remove": actions.member_remove(cluster, m, count=count, busy=busy),
+    }
+
+
+def wiring_card(cluster: Cluster, cards: dict, selected: int | None = None) -> dict:
+    """How this cluster is wired: the diagram and, for each machine, the panel that opens when it is selected."""
+    members = cards["members"]
+    links = _measured_links(cluster, cards["head"])
+    views = [_member_view(cluster, m, links.get(m.machine_id) if m.role != Role.HEAD else None, len(members), cards["busy"])
+             for m in members]
+    if selected not in {m.machine_id for m in members}:
+        selected = None
+    return {"member_views": views, "diagram": wiring_diagram(views), "selected": selected, "drain_later": actions.DRAIN_LATER}
+
+
+def checks_card(cluster: Cluster) -> dict:
+    """The health checks the server ran, and the raw status they last read."""
+    return {
+        "checks": list(HealthCheck.objects.filter(cluster=cluster)[:20]),
+        "raw_status": json.dumps(cluster.last_status, indent=2, sort_keys=True) if cluster.last_status else "",
+    }
+
+
+def runtime_card(cluster: Cluster) -> dict:
+    offer = [{**entry, "digest": _short_digest(entry["image"].digest),
+              "machines_text": ", ".join(entry["machines"][:6]) + (f" and {len(entry['machines']) - 6} more" if len(entry["machines"]) > 6 else "")}
+             for entry in selectors.runtime_offer(cluster)]
+    return {"runtime_offer": offer, "runtime_newer": [e for e in offer if e["newer"]]}
+
+
+def extra_cards(cluster: Cluster) -> dict:
+    """The cards other apps registered (deployments' models, say), with their context merged in."""
+    context: dict = {"extra_cards": []}
+    for card in hooks.page_cards():
+        context |= card.context(cluster)
+        context["extra_cards"].append(card.template)
+    return context
+
+
+def cluster_page(cluster: Cluster, selected: int | None = None) -> dict:
+    cards = cluster_cards(cluster)
+    return cards | wiring_card(cluster, cards, selected) | checks_card(cluster) | runtime_card(cluster)
+
+
+def render_cluster_topic(arg: str, part: str) -> list[str]:
+    cluster = Cluster.objects.filter(pk=int(arg)).first()
+    if cluster is None:
+        return [render_to_string("clusters/cluster_detail.html#deleted", {"oob": True})]
+    if part == "members":
+        cards = cluster_cards(cluster)
+        return [render_to_string("clusters/cluster_detail.html#members-live", cards | wiring_card(cluster, cards) | {"oob": True})]
+    if part == "job":
+        return [render_to_string("clusters/cluster_detail.html#job-live", cluster_cards(cluster) | runtime_card(cluster) | {"oob": True})]
+    if part == "checks":
+        return [render_to_string("clusters/cluster_detail.html#checks-live", cluster_cards(cluster) | checks_card(cluster) | {"oob": True})]
+    return [render_to_string("clusters/cluster_detail.html#live", cluster_page(cluster) | {"oob": True})]
+
+
+# -- the list -------------------------------------------------------------------------------------
+
+
+def render_clusters_topic(arg: str, part: str) -> list[str]:
+    # The whole body, whatever changed: it is a handful of rows, and so a new cluster appears and a
+    # deleted one goes without the page knowing which rows it holds.
+    return [render_to_string("clusters/cluster_list.html#rows", {"clusters": selectors.clusters_with_totals(), "oob": True})]
+
+
+# -- the network step (the wizard's, and a cluster's Change the network) ----------------------------
+
+
+def network_view(state, probe_job: Job | None = None) -> dict:
+    """The shared networks with their marks, the measured figures and the suggestion."""
+    picked = selectors.candidates(state["picked"])
+    networks = planning.shared_networks(picked)
+    others = [c.id for c in picked if c.id != state["head"]]
+    measured = selectors.measurements([n.subnet for n in networks], state["head"], others) if others else {}
+    suggested = planning.suggest_network(networks, measured)
+    names = {c.id: c.name for c in picked}
+    failures = {}
+    if others:
+        for row in NetworkMeasurement.objects.filter(subnet__in=[n.subnet for n in networks], source_id=state["head"],
+                                                     target_id__in=others).exclude(error=""):
+            failures.setdefault(row.subnet, []).append(f"{names.get(row.target_id, '?')}: {row.error}")
+    return {
+        "networks": [{"net": n, "measured": measured.get(n.subnet), "failures": failures.get(n.subnet, []),
+                      "members": [{"name": names[m.machine_id], "member": m} for m in n.members]} for n in networks],
+        "suggested": suggested,
+        "chosen": state["network"] if any(n.subnet == state["network"] for n in networks) else suggested,
+        "probe_job": probe_job,
+        "no_network": not networks,
+        "no_network_message": planning.NO_SHARED_NETWORK,
+        "needs_test": len(picked) > 1,
+    }
+
+
+def cluster_network_view(cluster: Cluster, probe_job: Job | None = None, chosen: str = "") -> dict:
+    """The networks the cluster's machines share, measured from its head: the wizard's step, for a running cluster."""
+    members = list(cluster.members.all())
+    head = next((m.machine_id for m in members if m.role == Role.HEAD), None)
+    state = {"picked": [m.machine_id for m in members], "head": head, "network": chosen or cluster.network}
+    context = network_view(state, probe_job)
+    return context | {"cluster": cluster, "current": cluster.network, "can_test": len(members) > 1 and head is not None}
+
+
+def render_probe_topic(arg: str, part: str) -> list[str]:
+    job = selectors.probe_job(int(arg))
+    if job is None:
+        return []
+    state = {"picked": job.params["machines"], "head": job.params["head"], "network": "", "probe": job.pk}
+    context = network_view(state, job) | {"oob": True, "wizard": state}
+    messages_out = [render_to_string("clusters/wizard.html#networks", context)]
+    # The same test runs from a cluster's Change the network page: that page's table gets the results too
+    # (a page without the element ignores it).
+    led = ClusterMember.objects.select_related("cluster").filter(machine_id=job.params["head"], role=Role.HEAD).first()
+    if led is not None:
+        cluster = led.cluster
+        messages_out.append(render_to_string("clusters/cluster_network.html#networks",
+                                             cluster_cards(cluster) | cluster_network_view(cluster, job) | {"oob": True}))
+    return messages_out
+

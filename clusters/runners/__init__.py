@@ -1,0 +1,12 @@
+"""The bodies of the jobs on clusters, by kind: ``RUNNERS[kind](ctx, cluster_id=...)``."""
+from clusters import steps
+from clusters.runners.start import cluster_add_run, cluster_rejoin_run, cluster_start_run
+from clusters.runners.stop import cluster_delete_run, cluster_stop_run
+
+RUNNERS = {
+    steps.START.kind: cluster_start_run,
+    steps.ADD.kind: cluster_add_run,
+    steps.REJOIN.kind: cluster_rejoin_run,
+    steps.STOP.kind: cluster_stop_run,
+    steps.DELETE.kind: cluster_delete_run,
+}

@@ -1,0 +1,64 @@
+"""Every operation on a cluster, as a job kind and its steps, defined once.
+
+The service names the steps up front (the job's card shows them all before
+they run); the runner begins each one through the same object, and a job taken
+up again after its worker died skips the steps an earlier run finished. Both
+sides use these objects, so a step cannot be renamed on one side only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from console.jobs import JobContext
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str  # what the job's card shows
+
+    def begin(self, ctx: JobContext, detail: str = "") -> bool:
+        """Start the step on the job's card; False when an earlier run of this job finished it (skip it)."""
+        if ctx.done(self.name):
+            return False
+        ctx.step(self.name, detail)
+        return True
+
+    def always(self, ctx: JobContext, detail: str = "") -> None:
+        """Start a step that runs again on every run of the job (a look at Ray, say)."""
+        ctx.step(self.name, detail)
+
+
+@dataclass(frozen=True)
+class Operation:
+    kind: str  # the job's kind: runners.RUNNERS and the reaper know it by this
+    steps: tuple[Step, ...]
+
+    @property
+    def step_names(self) -> list[str]:
+        return [step.name for step in self.steps]
+
+
+STOP_RAY = Step("Stop Ray on every machine")
+GET_IMAGE = Step("Get the runtime image")
+LOAD_IMAGE = Step("Load the image")
+START_HEAD = Step("Start Ray on the head")
+JOIN_OTHERS = Step("Join the other machines")
+CHECK_RAY = Step("Check with Ray")
+REACH_HEAD = Step("Check the way to the head")
+JOIN_RAY = Step("Join Ray")
+TAKE_OUT = Step("Take it out of Ray")
+START_RUNTIME = Step("Start its runtime")
+STOP_ALL = Step("Stop Ray and the runtime")
+DELETE_RECORD = Step("Delete the record")
+
+START = Operation("cluster.start", (GET_IMAGE, LOAD_IMAGE, START_HEAD, JOIN_OTHERS, CHECK_RAY))
+# A restart is a start that first stops Ray everywhere: the same kind, one step more.
+RESTART = Operation(START.kind, (STOP_RAY, *START.steps))
+ADD = Operation("cluster.add", (REACH_HEAD, GET_IMAGE, LOAD_IMAGE, JOIN_RAY, CHECK_RAY))
+REJOIN = Operation("cluster.rejoin", (TAKE_OUT, START_RUNTIME, JOIN_RAY, CHECK_RAY))
+STOP = Operation("cluster.stop", (STOP_ALL,))
+DELETE = Operation("cluster.delete", (STOP_ALL, DELETE_RECORD))
+PROBE_KIND = "cluster.probe"  # the network test: its steps are the networks it measures
+
+# Stop and Delete win over these: they are asked to end at their next step.
+CANCELLABLE_KINDS = frozenset({START.kind, ADD.kind, REJOIN.kind})

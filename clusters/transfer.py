@@ -1,0 +1,112 @@
+"""Getting content-addressed files onto a cluster's machines: one copy from the server per file,
+then machine to machine in a chain, each forwarding what it has verified while it still receives.
+
+Any file the server holds with a digest, a size and the digest of each chunk
+travels this way: runtime images today, model files next. Each machine's
+progress is kept per file (``Transfer`` rows), so a machine can show several
+bars. The agent verifies every chunk as it arrives and resumes a dropped
+transfer at its last verified chunk; the server only plans and watches.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from django.db.models import F
+
+from clusters import planning
+from clusters.choices import MemberState
+from clusters.fanout import ProgressBoard, on_member, offline_reason, parallel
+from clusters.models import Cluster, ClusterMember, Transfer
+from console.jobs import JobContext, JobError
+from machines.agent_client import FileSource, FileSpec
+from machines.enrolment import console_url
+from machines.remote import connect
+from machines.services import machine_target
+
+SERVE_PORT = 7470  # where every machine serves the files it holds, on the cluster's network
+
+
+@dataclass(frozen=True)
+class ServerFile:
+    """A file the server holds and hands out: what it is, and how a machine downloads the first copy."""
+
+    spec: FileSpec
+    what: str  # in words, for the bar: "the runtime image"
+    download_path: str  # on the console: /agent/images/<digest>/
+    token: Callable[[], str]  # a fresh download token for the first copy
+
+
+def files_held(member: ClusterMember, files: Sequence[ServerFile]) -> dict[str, bool]:
+    """Which of the files the member holds whole, by digest (from its transfers)."""
+    done = {t.digest for t in member.transfers.all() if t.complete}
+    return {f.spec.digest: f.spec.digest in done for f in files}
+
+
+def transfers_reset(member_ids: Sequence[int], *, keep: Sequence[str] = ()) -> None:
+    """Forget the members' transfers (a switch of build, say), but for the files still wanted."""
+    Transfer.objects.filter(member_id__in=member_ids).exclude(digest__in=list(keep)).delete()
+
+
+def distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], head: ClusterMember, board: ProgressBoard,
+               files_of: Callable[[ClusterMember], Sequence[ServerFile]], *, joining: set[int] | None = None) -> list[ClusterMember]:
+    """Give every member the files ``files_of`` names, and return the members that have them.
+
+    With ``joining`` (members joining a running cluster), the others only give: the result holds the joining."""
+    wanted = {m.pk: list(files_of(m)) for m in members}
+    plans: dict[str, list[planning.Transfer]] = {}
+    for digest in {f.spec.digest for files in wanted.values() for f in files}:
+        receivers = [planning.Receiver(id=m.machine_id, platform=digest, has_image=files_held(m, wanted[m.pk])[digest])
+                     for m in members if any(f.spec.digest == digest for f in wanted[m.pk])]
+        plans[digest] = planning.distribution_plan(receivers)
+    # Every machine serves what it holds on the cluster's network, so that the next one can fetch from it.
+    members = parallel(members, head, board, _serve)
+    serving = {m.machine_id for m in members}
+    with connect(machine_target(head.machine)) as conn:
+        console = console_url(conn)
+    count = sum(len(plan) for plan in plans.values())
+    ctx.detail(f"{count} transfer(s); one copy from the server per file")
+    by_machine = {m.machine_id: m for m in members}
+    sources = {(t.machine_id, digest): t.source for digest, plan in plans.items() for t in plan}
+
+    def fetch_all(member: ClusterMember, board: ProgressBoard) -> None:
+        for file in wanted[member.pk]:
+            source = sources.get((member.machine_id, file.spec.digest))
+            if source is not None:
+                _fetch(member, file, source, board, console=console, by_machine=by_machine, serving=serving)
+
+    receiving = {machine_id for machine_id, _ in sources}
+    fetched = parallel([m for m in members if m.machine_id in receiving], head, board, fetch_all, tolerate_all=joining is not None)
+    result = fetched + [m for m in members if m.machine_id not in receiving]
+    return [m for m in result if m.pk in joining] if joining is not None else result
+
+
+def _serve(member: ClusterMember, board: ProgressBoard) -> None:
+    on_member(member, lambda agent: agent.serve_start(bind=member.address, port=SERVE_PORT))
+
+
+def _fetch(member: ClusterMember, file: ServerFile, source, board: ProgressBoard, *, console: str,
+           by_machine: dict[int, ClusterMember], serving: set[int]) -> None:
+    """One file to one member, from the server or from the machine before it in the chain."""
+    spec = file.spec
+    if source == planning.SERVER:
+        origin = FileSource(url=f"{console}{file.download_path}", token=file.token())
+        label, watch = "the server", (member.machine_id,)
+    else:
+        giver = by_machine[source]
+        if giver.machine_id not in serving:
+            raise JobError(f"{member.machine.name} waits for {file.what} from {giver.machine.name}, which is not reachable.",
+                           kind="unreachable")
+        origin = FileSource(url=f"http://{giver.address}:{SERVE_PORT}/images/{spec.digest}")
+        label, watch = f"{giver.machine.name} ({giver.address})", (member.machine_id, giver.machine_id)
+    Transfer.objects.update_or_create(member=member, digest=spec.digest,
+                                      defaults={"what": file.what, "source": label, "bytes_total": spec.size})
+    board.move(member, MemberState.IMAGE)
+
+    def on_progress(event: dict) -> None:
+        board.transfer(member, spec.digest, bytes_done=int(event.get("bytes", 0)), rate=float(event.get("rate", 0)))
+
+    fetched = on_member(member, lambda agent: agent.file_fetch(spec, origin, timeout=spec.size / 1_000_000 + 300,
+                                                                on_progress=on_progress, abort=offline_reason(*watch)))
+    board.transfer(member, spec.digest, bytes_done=spec.size, rate=0)
+    Transfer.objects.filter(member=member, digest=spec.digest).update(bytes_fetched=F("bytes_fetched") + fetched)

@@ -1,0 +1,202 @@
+"""The server's one client of the agent on each machine.
+
+This is the only place that builds an agent command line or reads an agent's
+result: every command is a typed method, every result a value the callers read
+by attribute. The agent answers in JSON lines (``agent/fadenstack_agent/protocol.py``);
+``machines.remote`` carries them over SSH.
+
+    with Agent.open(machine) as agent:
+        status = agent.runtime_status()
+
+Unit tests replace ``Agent.open`` with a fake that answers from a script.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from fabric import Connection
+
+from machines import remote
+from machines.models import Machine
+from machines.services import machine_target
+
+
+class AgentErrorKind(StrEnum):
+    """The kinds of the agent's ``error`` events (the agent's own list is ``protocol.KINDS``)."""
+
+    RETRYABLE = "retryable"  # try again later: the same call may succeed
+    NOT_RETRYABLE = "not_retryable"  # the same cause comes out of every retry: a person must act
+    ADDRESS_IN_USE = "address_in_use"  # a port the command needs is taken
+    NO_ROOM = "no_room"  # the machine's store has no room for the file
+    UNREACHABLE = "unreachable"  # the machine, or the one it fetches from, does not answer
+    BAD_INPUT = "bad_input"  # the server sent something the agent refuses: a bug on our side
+
+
+AgentError = remote.RemoteError  # what every method raises: ``message`` in words, ``kind`` one of AgentErrorKind
+
+Progress = Callable[[dict], None]
+Abort = Callable[[], str | None]
+
+
+@dataclass(frozen=True)
+class RayNode:
+    address: str
+    alive: bool
+    gpus: int
+    node_id: str
+
+
+@dataclass(frozen=True)
+class RayStatus:
+    """Ray's node list, as the head reports it."""
+
+    nodes: tuple[RayNode, ...]
+    alive_nodes: int | None
+    gpus: int | None
+    raw: dict = field(repr=False)
+
+    def alive(self) -> dict[str, RayNode]:
+        """The live nodes by their address."""
+        return {n.address: n for n in self.nodes if n.alive}
+
+
+@dataclass(frozen=True)
+class RuntimeStatus:
+    """The machine's runtime (its container) and the Ray inside it."""
+
+    state: str  # started, stopped, ...
+    digest: str  # the image it runs
+    ray_running: bool
+    gcs_address: str  # the Ray head the local Ray belongs to
+    raw: dict = field(repr=False)  # kept as the health check's raw status
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """Where a machine fetches a file from: the server (with a download token) or another machine."""
+
+    url: str
+    token: str = ""
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """A content-addressed file: its sha256, size and the sha256 of each chunk (resumes check them)."""
+
+    digest: str
+    size: int
+    chunk_size: int
+    chunk_hashes: list[str] = field(repr=False)
+
+
+def _ray_status(raw: dict) -> RayStatus:
+    nodes = tuple(
+        RayNode(address=str(n.get("address", "")), alive=bool(n.get("alive")), gpus=int(n.get("gpus") or 0),
+                node_id=str(n.get("node_id", ""))[:64])
+        for n in raw.get("nodes") or []
+    )
+    return RayStatus(nodes=nodes, alive_nodes=raw.get("alive_nodes"), gpus=raw.get("gpus"), raw=raw)
+
+
+def _runtime_status(raw: dict) -> RuntimeStatus:
+    ray = raw.get("ray") or {}
+    return RuntimeStatus(state=str(raw.get("state", "")), digest=str(raw.get("digest") or ""),
+                         ray_running=bool(ray.get("running")), gcs_address=str(ray.get("gcs_address") or ""), raw=raw)
+
+
+class Agent:
+    """The agent on one machine, over one open SSH connection."""
+
+    def __init__(self, machine: Machine, conn: Connection, *, argv: list[str] | None = None):
+        self.machine = machine
+        self.conn = conn
+        self._argv = argv  # the agent's argv, when it differs from the machine's row (during enrolment)
+
+    @classmethod
+    @contextmanager
+    def open(cls, machine: Machine) -> Iterator[Agent]:
+        """Connect to the machine (its host key pinned) and hand out its agent."""
+        if not machine.agent_path:
+            raise AgentError(f"{machine.name} has no agent yet: refresh its facts.", kind=AgentErrorKind.NOT_RETRYABLE)
+        with remote.connect(machine_target(machine)) as conn:
+            yield cls(machine, conn)
+
+    def _call(self, *args: str, timeout: float | None = None, stdin: bytes | None = None,
+              on_progress: Progress | None = None, abort: Abort | None = None) -> dict:
+        argv = [*(self._argv or self.machine.agent_command()), *args]
+        on_event = (lambda event: on_progress(event) if event.get("event") == "progress" else None) if on_progress else None
+        return remote.run_agent(self.conn, argv, timeout=timeout, stdin=stdin, on_event=on_event, abort=abort)
+
+    # -- facts and the heartbeat (enrolment) ---------------------------------------------------
+
+    def facts(self) -> dict:
+        return self._call("facts")["facts"]
+
+    def heartbeat_start(self, *, url: str, interval: int, token: str) -> None:
+        """Start the heartbeat daemon; the token goes on stdin, never on a command line."""
+        self._call("heartbeat", "start", "--url", url, "--interval", str(interval), stdin=token.encode() + b"\n")
+
+    # -- files: fetched with resume, served to the next machine --------------------------------
+
+    def file_fetch(self, spec: FileSpec, source: FileSource, *, timeout: float, on_progress: Progress | None = None,
+                   abort: Abort | None = None) -> int:
+        """Fetch a file into the machine's store, chunk by verified chunk, resuming what an earlier try
+        left; the bytes that crossed the network (resends included)."""
+        body = {"digest": spec.digest, "size": spec.size, "chunk_size": spec.chunk_size, "chunk_hashes": spec.chunk_hashes,
+                "source": {"url": source.url, **({"token": source.token} if source.token else {})}}
+        result = self._call("image", "fetch", stdin=json.dumps(body).encode(), timeout=timeout, on_progress=on_progress, abort=abort)
+        return int(result.get("bytes_fetched", 0))
+
+    def serve_start(self, *, bind: str, port: int) -> None:
+        """Serve the files this machine holds to the others, on the cluster's network."""
+        self._call("image", "serve", "start", "--bind", bind, "--port", str(port), timeout=30)
+
+    def serve_stop(self) -> None:
+        self._call("image", "serve", "stop", timeout=60)
+
+    # -- the runtime ----------------------------------------------------------------------------
+
+    def image_load(self, digest: str, *, abort: Abort | None = None) -> None:
+        self._call("image", "load", "--digest", digest, timeout=120, abort=abort)
+
+    def runtime_start(self, digest: str, *, abort: Abort | None = None) -> None:
+        self._call("runtime", "start", "--digest", digest, timeout=120, abort=abort)
+
+    def runtime_stop(self) -> None:
+        """Stop Ray and the runtime; a no-op where nothing runs."""
+        self._call("runtime", "stop", timeout=90)
+
+    def runtime_status(self) -> RuntimeStatus:
+        return _runtime_status(self._call("runtime", "status", timeout=30))
+
+    # -- Ray ------------------------------------------------------------------------------------
+
+    def ray_start_head(self, *, address: str, port: int, gpus: int) -> None:
+        self._call("ray", "start-head", "--address", address, "--port", str(port), "--num-gpus", str(gpus), timeout=180)
+
+    def ray_join(self, *, head: str, address: str, gpus: int, abort: Abort | None = None) -> None:
+        self._call("ray", "join", "--head", head, "--address", address, "--num-gpus", str(gpus), timeout=180, abort=abort)
+
+    def ray_status(self, *, head: str, timeout: float = 60) -> RayStatus:
+        return _ray_status(self._call("ray", "status", "--head", head, timeout=timeout))
+
+    def ray_reach(self, *, head: str) -> None:
+        """Whether this machine reaches the head's Ray port (raises when not)."""
+        self._call("ray", "reach", "--head", head, timeout=30)
+
+    def ray_stop(self, *, abort: Abort | None = None) -> None:
+        self._call("ray", "stop", timeout=60, abort=abort)
+
+    # -- the network test -------------------------------------------------------------------------
+
+    def probe_serve(self, *, bind: str, port: int, seconds: int) -> None:
+        self._call("probe", "serve", "--bind", bind, "--port", str(port), "--seconds", str(seconds), timeout=seconds + 30)
+
+    def probe_send(self, *, to: str, port: int, seconds: int) -> float:
+        """Send to a machine's probe server for ``seconds``; the measured Mbit/s."""
+        result = self._call("probe", "send", "--to", to, "--port", str(port), "--seconds", str(seconds), timeout=seconds + 30)
+        return float(result["mbps"])
