@@ -20,9 +20,6 @@ from clusters.fanout import ProgressBoard, on_member, offline_reason, parallel
 from clusters.models import Cluster, ClusterMember, Transfer
 from console.jobs import JobContext, JobError
 from machines.agent_client import FileSource, FileSpec
-from machines.enrolment import console_url
-from machines.remote import connect
-from machines.services import machine_target
 
 SERVE_PORT = 7470  # where every machine serves the files it holds, on the cluster's network
 
@@ -62,8 +59,7 @@ def distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], 
     # Every machine serves what it holds on the cluster's network, so that the next one can fetch from it.
     members = parallel(members, head, board, _serve)
     serving = {m.machine_id for m in members}
-    with connect(machine_target(head.machine)) as conn:
-        console = console_url(conn)
+    console = on_member(head, lambda agent: agent.console_url())
     count = sum(len(plan) for plan in plans.values())
     ctx.detail(f"{count} transfer(s); one copy from the server per file")
     by_machine = {m.machine_id: m for m in members}

@@ -131,6 +131,10 @@ class Agent:
         on_event = (lambda event: on_progress(event) if event.get("event") == "progress" else None) if on_progress else None
         return remote.run_agent(self.conn, argv, timeout=timeout, stdin=stdin, on_event=on_event, abort=abort)
 
+    def console_url(self) -> str:
+        """The console's URL as this machine sees it (where it downloads from and sends heartbeats to)."""
+        return remote.console_url(self.conn)
+
     # -- facts and the heartbeat (enrolment) ---------------------------------------------------
 
     def facts(self) -> dict:

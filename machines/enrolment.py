@@ -5,12 +5,10 @@ refresh of the facts and an agent update.
 """
 from __future__ import annotations
 
-import ipaddress
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from fabric import Connection
 
 from console.jobs import JobContext, JobError
 from machines import remote, services
@@ -20,21 +18,6 @@ from machines.choices import MachineState
 from machines.models import Machine
 
 HEARTBEAT_PATH = "/agent/heartbeat/"
-
-
-def console_url(conn: Connection, seen_as: str = "") -> str:
-    """The console's URL as the machine sees it: the setting, or the address its SSH session came from."""
-    if settings.FADEN_CONSOLE_URL:
-        return settings.FADEN_CONSOLE_URL.rstrip("/")
-    seen_as = seen_as or (remote.run(conn, ["printenv", "SSH_CONNECTION"]).stdout.split() or [""])[0]
-    try:
-        seen_as = ipaddress.ip_address(seen_as)
-    except ValueError as exc:
-        raise remote.RemoteError(
-            "Could not tell the console's address as the machine sees it; set FADEN_CONSOLE_URL.", kind="not_retryable"
-        ) from exc
-    host = f"[{seen_as}]" if seen_as.version == 6 else str(seen_as)
-    return f"http://{host}:{settings.FADEN_WEB_PORT}"
 
 
 def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:
@@ -62,7 +45,7 @@ def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:
                 services.machine_facts_apply(machine=machine, facts=facts)
             ctx.detail(machine.accelerator_summary() or "no accelerators")
             ctx.step("Start the heartbeat")
-            url = console_url(conn, preflight.ssh_client_address) + HEARTBEAT_PATH
+            url = remote.console_url(conn, preflight.ssh_client_address) + HEARTBEAT_PATH
             token, token_hash = services.heartbeat_token_new()
             with transaction.atomic():
                 # Store the hash first: the first beat may arrive before the command returns.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
 import logging
 import os
@@ -277,6 +278,21 @@ def _exec(
     status = channel.recv_exit_status()
     channel.close()
     return CommandResult(exit_status=status, stdout="", stderr=stderr.decode(errors="replace"))
+
+
+def console_url(conn: Connection, seen_as: str = "") -> str:
+    """The console's URL as the machine sees it: the setting, or the address its SSH session came from."""
+    if settings.FADEN_CONSOLE_URL:
+        return settings.FADEN_CONSOLE_URL.rstrip("/")
+    seen_as = seen_as or (run(conn, ["printenv", "SSH_CONNECTION"]).stdout.split() or [""])[0]
+    try:
+        seen_as = ipaddress.ip_address(seen_as)
+    except ValueError as exc:
+        raise RemoteError(
+            "Could not tell the console's address as the machine sees it; set FADEN_CONSOLE_URL.", kind="not_retryable"
+        ) from exc
+    host = f"[{seen_as}]" if seen_as.version == 6 else str(seen_as)
+    return f"http://{host}:{settings.FADEN_WEB_PORT}"
 
 
 def upload(conn: Connection, local: Path, remote: str) -> None:

@@ -27,9 +27,22 @@ class FakeAgent:
 
     def ray_status(self, *, head: str, timeout: float = 60):
         answer = self._answer("ray_status", head=head)
+        if self._fakes.on_ray_status:
+            self._fakes.on_ray_status()
         if "ray" not in answer:
             raise AgentError(answer.get("ray_error", "Ray is not running here."), kind=AgentErrorKind.RETRYABLE)
         return agent_client._ray_status(answer["ray"])
+
+    def console_url(self) -> str:
+        self._answer("console_url")
+        return "http://198.18.0.1:8000"
+
+    def file_fetch(self, spec, source, **kwargs) -> int:
+        """The whole file arrives: its size is what crossed the network."""
+        self._answer("file_fetch", digest=spec.digest, url=source.url)
+        if kwargs.get("on_progress"):
+            kwargs["on_progress"]({"event": "progress", "bytes": spec.size // 2, "rate": 1.0})
+        return spec.size
 
     def __getattr__(self, method: str):
         # Commands that only act (start, stop, join, ...) succeed and are recorded.
@@ -40,6 +53,7 @@ class FakeAgents:
     def __init__(self, answers: dict[str, dict] | None = None):
         self.answers = answers if answers is not None else {}
         self.calls: list[tuple[str, str, dict]] = []
+        self.on_ray_status = None  # called whenever Ray's node list is asked for (to look at the database then)
 
     @contextmanager
     def open(self, machine):

@@ -7,56 +7,23 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from clusters import actions, health, selectors, services, steps, tasks
+from clusters import actions, health, services, steps, tasks
 from tests.fakes import FakeAgents
 from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, MemberState, Role
-from clusters.models import Cluster, ClusterMember, HealthCheck, RuntimeImage
+from clusters.models import Cluster, ClusterMember, HealthCheck
 from console import live
 from console.choices import JobState
 from console.models import Job
 from deployments.models import Deployment
 from machines.choices import MachineState
 from machines.models import Machine
-from tests.factories import AcceleratorFactory, JobFactory, MachineFactory, NetworkInterfaceFactory
+from tests.builders import NETWORK, build, cluster_of, gpu_machine
+from tests.factories import JobFactory, NetworkInterfaceFactory
 
 pytestmark = pytest.mark.django_db
 
-NETWORK = "198.18.1.0/24"  # the cluster's network
 MANAGEMENT = "198.18.0.0/24"  # the other network every machine below shares
 GCS = "198.18.1.11:6379"  # gpu-a leads every cluster below
-
-
-# -- machines, builds and clusters ----------------------------------------------------------------
-
-
-def gpu_machine(name: str, host: int, *, accelerators: int = 8, cluster_network: bool = True, **fields) -> Machine:
-    """An enrolled NVIDIA x86_64 machine on the management network and (unless told otherwise) the cluster network."""
-    machine = MachineFactory(name=name, address=f"198.18.0.{host}", agent_path="/opt/fadenstack/agent/a.pyz", **fields)
-    for _ in range(accelerators):
-        AcceleratorFactory(machine=machine)
-    NetworkInterfaceFactory(machine=machine, name="eth0", addresses=[f"198.18.0.{host}/24"], default_route=True, management=True)
-    if cluster_network:
-        NetworkInterfaceFactory(machine=machine, name="eth1", addresses=[f"198.18.1.{host}/24"])
-    return machine
-
-
-def build(version: str, *, certified: bool = True) -> RuntimeImage:
-    return RuntimeImage.objects.create(name="NVIDIA x86_64 Runtime", version=version, digest=f"{version:0>64}",
-                                       size_bytes=1024, arch="x86_64", accelerator_vendor="nvidia",
-                                       path=f"/images/{version}.img", certified=certified)
-
-
-def cluster_of(machines, *, state=ClusterState.RUNNING, name="gpu-room", runtime=None, **fields) -> Cluster:
-    """A cluster written straight to the database: the first machine leads; members are up when it runs."""
-    cluster = Cluster.objects.create(name=name, state=state, network=NETWORK, state_reason="As the test left it.", **fields)
-    for index, machine in enumerate(machines):
-        host = machine.address.rsplit(".", 1)[1]
-        ClusterMember.objects.create(
-            cluster=cluster, machine=machine, role=Role.HEAD if index == 0 else Role.WORKER, address=f"198.18.1.{host}",
-            runtime_image=runtime, state=MemberState.JOINED if state == ClusterState.RUNNING else MemberState.STOPPED,
-            accelerators_in_ray=8 if state == ClusterState.RUNNING else 0,
-        )
-    return cluster
 
 
 @pytest.fixture
@@ -435,6 +402,16 @@ def test_added_machines_join_with_their_address_on_the_cluster_network_in_an_add
     assert queued == [("cluster_job", job.pk)]
 
 
+def test_a_machine_added_to_a_running_cluster_gets_the_build_the_cluster_runs_not_a_newer_one(committed, queued, room,
+                                                                                              runtime):
+    newer = build("2.2.0")
+    gpu_c = gpu_machine("gpu-c", 13)
+
+    committed(services.cluster_add_machines, cluster=room, machine_ids=[gpu_c.pk])
+
+    assert member_of(gpu_c).runtime_image_id == runtime.pk != newer.pk
+
+
 # -- remove machines -----------------------------------------------------------------------------------
 
 
@@ -467,6 +444,15 @@ def test_when_the_head_leaves_a_stopped_cluster_the_machine_with_the_most_accele
     committed(services.cluster_member_remove, cluster=cluster, machine_id=head.pk)
 
     assert dict(cluster.members.values_list("machine__name", "role")) == {"gpu-b": Role.WORKER, "gpu-c": Role.HEAD}
+
+
+def test_a_machine_that_did_not_join_a_running_cluster_can_be_taken_out_of_it(committed, room, gpu_b):
+    ClusterMember.objects.filter(machine=gpu_b).update(state=MemberState.FAILED, state_reason="Ray on the head does not list gpu-b.")
+
+    committed(services.cluster_member_remove, cluster=room, machine_id=gpu_b.pk)
+
+    assert list(room.members.values_list("machine__name", flat=True)) == ["gpu-a"]
+    assert fresh(room).state == ClusterState.RUNNING
 
 
 def test_the_last_machine_of_a_cluster_cannot_be_removed(committed, runtime, gpu_a):
@@ -707,6 +693,39 @@ def test_a_worker_still_out_of_ray_on_the_second_look_joins_again_while_the_clus
     assert (job.kind, job.params) == (steps.REJOIN.kind, {"members": [b.pk]})
     assert fresh(room).state == ClusterState.RUNNING
     assert queued == [("cluster_job", job.pk)]
+
+
+def test_each_repair_counts_the_machine_s_attempts_to_join_again(committed, queued, room, gpu_b):
+    committed(services.cluster_rejoin, cluster=room, member_ids=[member_of(gpu_b).pk], reason="Out of Ray.")
+
+    assert member_of(gpu_b).rejoin_attempts == 1
+
+
+def test_repairs_give_up_on_a_machine_after_as_many_attempts_as_a_restart_and_it_reads_failed_with_the_reason(
+        committed, queued, answers, room, gpu_a, gpu_b, settings):
+    ClusterMember.objects.filter(machine=gpu_b).update(rejoin_attempts=settings.FADEN_RESTART_ATTEMPTS, state=MemberState.DOWN)
+    answers.update({"gpu-a": head_agent(gpu_a, [node(11), node(12, alive=False)]), "gpu-b": agent(gpu_b)})
+    first = check(committed, room)
+    queued.clear()
+
+    second = check(committed, room, trigger=CheckTrigger.SECOND_LOOK, first_look=first)
+
+    b = member_of(gpu_b)
+    assert second.outcome == CheckOutcome.WAITING
+    assert b.state == MemberState.FAILED
+    assert b.state_reason.startswith(f"gpu-b did not stay in Ray after {settings.FADEN_RESTART_ATTEMPTS} attempts to join it again")
+    assert "Take it out of the cluster" in b.state_reason and b.state_reason in fresh(room).state_reason
+    assert jobs_of(room) == [] and queued == []
+
+
+def test_a_machine_repairs_gave_up_on_is_up_again_once_a_check_finds_it_in_ray(committed, queued, answers, room, gpu_a, gpu_b):
+    ClusterMember.objects.filter(machine=gpu_b).update(rejoin_attempts=3, state=MemberState.FAILED, state_reason="Gave up.")
+    all_well(answers, gpu_a, gpu_b)
+
+    check(committed, room)
+
+    b = member_of(gpu_b)
+    assert (b.state, b.state_reason, b.rejoin_attempts) == (MemberState.JOINED, "", 0)
 
 
 def test_a_second_look_that_finds_a_new_problem_looks_again_instead_of_repairing_it(committed, queued, answers, room,

@@ -6,7 +6,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from clusters import actions, pages, services, steps, views
+from clusters import actions, pages, services
 from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, NetworkMeasurement, RuntimeImage
 from console.models import Job

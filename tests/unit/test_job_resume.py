@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from clusters import selectors, services, steps, tasks
+from clusters import steps, tasks
 from clusters.choices import ClusterState
 from clusters.models import Cluster
 from console import jobs

@@ -1,0 +1,107 @@
+"""The jobs of a cluster run end to end against the fake agent client: a start ships the image
+server-first then machine to machine, keeps one transfer per machine and file, and the cluster reads
+Running only in the transaction that ends its job."""
+import pytest
+
+from clusters import services, steps, tasks
+from clusters.choices import ClusterState, MemberState
+from clusters.models import Cluster, Transfer
+from console import live
+from console.choices import JobState
+from console.jobs import JobContext, job_create, job_run
+from console.models import Job
+from tests.builders import build, cluster_of, gpu_machine
+from tests.fakes import FakeAgents
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the job's threads read the database on their own connections
+
+
+def node(host: int) -> dict:
+    return {"address": f"198.18.1.{host}", "alive": True, "gpus": 8, "node_id": f"node-{host}"}
+
+
+@pytest.fixture
+def stopped(tmp_path, monkeypatch):
+    monkeypatch.setattr(live, "push", lambda *args, **kwargs: None)
+    monkeypatch.setattr(tasks.cluster_check, "apply_async", lambda *args, **kwargs: None)
+    image = build("2.1.0")
+    held = tmp_path / "runtime.img"
+    held.write_bytes(b"x" * image.size_bytes)
+    image.path, image.chunk_hashes = str(held), ["c" * 64]
+    image.save()
+    machines = [gpu_machine("gpu-a", 11), gpu_machine("gpu-b", 12), gpu_machine("gpu-c", 13)]
+    return cluster_of(machines, runtime=image, state=ClusterState.STOPPED)
+
+
+@pytest.fixture
+def agents(monkeypatch):
+    fakes = FakeAgents({"gpu-a": {"ray": {"alive_nodes": 3, "gpus": 24, "nodes": [node(11), node(12), node(13)]}}})
+    return fakes.install(monkeypatch)
+
+
+def start(cluster: Cluster) -> Job:
+    job = services.cluster_start(cluster=cluster)
+    tasks.cluster_job(job.pk)
+    return Job.objects.get(pk=job.pk)
+
+
+def test_a_start_reads_running_only_once_its_job_has_ended(stopped, agents):
+    seen_while_checking = []
+    agents.on_ray_status = lambda: seen_while_checking.append(
+        (Cluster.objects.get(pk=stopped.pk).state, Job.objects.get(kind=steps.START.kind).state))
+
+    job = start(stopped)
+
+    assert job.state == JobState.SUCCEEDED, job.error
+    assert seen_while_checking == [(ClusterState.STARTING, JobState.RUNNING)]
+    cluster = Cluster.objects.get(pk=stopped.pk)
+    assert cluster.state == ClusterState.RUNNING
+    assert set(cluster.members.values_list("state", flat=True)) == {MemberState.JOINED}
+
+
+def test_the_image_leaves_the_server_once_and_travels_machine_to_machine(stopped, agents):
+    start(stopped)
+
+    fetched = {name: kwargs["url"] for name, method, kwargs in agents.calls if method == "file_fetch"}  # threads: any order
+    digest = stopped.members.first().runtime_image.digest
+    assert fetched == {"gpu-a": f"http://198.18.0.1:8000/agent/images/{digest}/",
+                       "gpu-b": f"http://198.18.1.11:7470/images/{digest}", "gpu-c": f"http://198.18.1.12:7470/images/{digest}"}
+    transfers = {t.member.machine.name: t for t in Transfer.objects.select_related("member__machine")}
+    assert transfers["gpu-a"].source == "the server" and transfers["gpu-c"].source == "gpu-b (198.18.1.12)"
+    assert all(t.complete and t.what == "the runtime image" for t in transfers.values())
+
+
+def test_a_start_that_a_stop_overtook_after_its_last_step_leaves_the_stop_s_word(stopped, agents):
+    def stop_now():
+        Cluster.objects.filter(pk=stopped.pk).update(state=ClusterState.STOPPING)
+
+    agents.on_ray_status = stop_now
+
+    job = start(stopped)
+
+    assert job.state == JobState.SUCCEEDED
+    assert Cluster.objects.get(pk=stopped.pk).state == ClusterState.STOPPING
+
+
+def test_what_a_job_leaves_for_its_success_is_not_written_when_it_fails():
+    job = job_create(kind="test.finish", title="t", target_type="test", target_id=1, steps=["one"])
+    written = []
+
+    def work(ctx: JobContext) -> None:
+        ctx.on_success(lambda: written.append("done"))
+        raise RuntimeError("broke")
+
+    assert job_run(job.pk, work, on_change=lambda j: None).state == JobState.FAILED
+    assert written == []
+
+
+def test_a_finisher_that_breaks_fails_the_job_instead_of_leaving_it_running():
+    job = job_create(kind="test.finish", title="t", target_type="test", target_id=1, steps=["one"])
+
+    def work(ctx: JobContext) -> None:
+        ctx.on_success(lambda: 1 / 0)
+
+    ended = job_run(job.pk, work, on_change=lambda j: None)
+
+    assert (ended.state, ended.error) == (JobState.FAILED, "Unexpected error: division by zero")
+    assert Job.objects.get(pk=job.pk).state == JobState.FAILED
