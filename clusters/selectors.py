@@ -4,6 +4,8 @@ under way. Nothing here writes.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from django.db.models import Count, Prefetch, Q, QuerySet, Sum
 
 from clusters import planning, policy
@@ -11,7 +13,8 @@ from clusters.choices import MemberState, Role
 from clusters.models import Cluster, ClusterMember, NetworkMeasurement, RuntimeImage, Transfer, head_first
 from console.choices import JOB_ACTIVE
 from console.models import Job
-from machines.models import Machine
+from machines.choices import MachineState
+from machines.models import Accelerator, Machine
 
 # What a page needs of a runtime image: its list of chunk hashes (thousands of them) stays in the database.
 IMAGE_FIELDS = ("id", "name", "version", "digest", "size_bytes", "arch", "accelerator_vendor", "certified")
@@ -148,3 +151,78 @@ def clusters_with_totals() -> QuerySet[Cluster]:
         machines_up=Count("members", filter=Q(members__state=MemberState.JOINED)),
         accelerators=Sum("members__accelerators_in_ray"),
     ).prefetch_related(Prefetch("members", queryset=ClusterMember.objects.filter(role=Role.HEAD).select_related("machine")))
+
+
+# -- finding machines among many (the wizard's machine step, Add machines, join candidates) --------
+
+PAGE_SIZE = 50
+AVAILABLE = "available"  # healthy and in no cluster: what can be picked
+NO_ACCELERATORS = "none"
+
+
+@dataclass(frozen=True)
+class MachineFilter:
+    """What a person typed to find machines: part of a name, a kind (vendor/arch), a state, a page."""
+
+    q: str = ""
+    kind: str = ""  # "nvidia/x86_64", or "none" for machines without accelerators
+    state: str = ""  # "available", or one of MachineState's values
+    page: int = 1
+
+    @classmethod
+    def from_params(cls, params) -> "MachineFilter":
+        """From a query string; anything malformed is ignored rather than refused (it only narrows a list)."""
+        page = params.get("page", "")
+        state = params.get("state", "")
+        return cls(q=params.get("q", "").strip()[:63], kind=params.get("kind", "")[:50],
+                   state=state if state in {AVAILABLE, *MachineState.values} else "",
+                   page=int(page) if page.isascii() and page.isdigit() and len(page) < 6 else 1)
+
+    @property
+    def narrowed(self) -> bool:
+        return bool(self.q or self.kind or self.state)
+
+
+@dataclass(frozen=True)
+class MachinePage:
+    ids: list[int]
+    total: int
+    page: int
+    pages: int
+
+    @property
+    def first(self) -> int:
+        return (self.page - 1) * PAGE_SIZE + 1 if self.total else 0
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.ids) - 1 if self.ids else 0
+
+
+def machine_kinds() -> list[tuple[str, str]]:
+    """The kinds of the enrolled machines, as (value, label): ``nvidia/x86_64`` -> ``NVIDIA x86_64``."""
+    rows = Accelerator.objects.values_list("vendor", "machine__arch").distinct().order_by("vendor", "machine__arch")
+    kinds = [(f"{vendor.lower()}/{arch}", f"{planning.vendor_name(vendor)} {arch}") for vendor, arch in rows if vendor and arch]
+    return [*dict.fromkeys(kinds), (NO_ACCELERATORS, "No accelerators")]
+
+
+def machines_page(found: MachineFilter, *, exclude=()) -> MachinePage:
+    """One page of the machines the filter finds, by name, leaving out ``exclude`` (the picked ones,
+    shown apart); two queries whatever their number."""
+    machines = Machine.objects.exclude(pk__in=list(exclude))
+    if found.q:
+        machines = machines.filter(name__icontains=found.q)
+    if found.state == AVAILABLE:
+        machines = machines.filter(state=MachineState.HEALTHY, membership__isnull=True)
+    elif found.state:
+        machines = machines.filter(state=found.state)
+    if found.kind == NO_ACCELERATORS:
+        machines = machines.filter(accelerators__isnull=True)
+    elif "/" in found.kind:
+        vendor, arch = found.kind.split("/", 1)
+        machines = machines.filter(pk__in=Accelerator.objects.filter(vendor__iexact=vendor, machine__arch=arch).values("machine_id"))
+    total = machines.count()
+    pages = max(1, -(-total // PAGE_SIZE))
+    page = min(found.page, pages)
+    ids = list(machines.order_by("name").values_list("pk", flat=True)[(page - 1) * PAGE_SIZE:page * PAGE_SIZE])
+    return MachinePage(ids=ids, total=total, page=page, pages=pages)
