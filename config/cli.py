@@ -5,7 +5,7 @@ import sys
 
 def main() -> int:
     argv = sys.argv[1:]
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     if argv[:1] == ["lab"]:
         return lab(argv[1:])
     from django.core.management import execute_from_command_line

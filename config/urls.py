@@ -14,6 +14,6 @@ urlpatterns = [
     path("deployments/", include("deployments.urls")),
     path("agent/heartbeat/", views.agent_heartbeat, name="agent-heartbeat"),
     path("agent/images/<str:digest>/", runtime_image_download, name="agent-image-download"),
-    path("api/", include("console.api_urls")),
+    path("api/", include("config.api_urls")),
     path("admin/", admin.site.urls),
 ]
