@@ -1,6 +1,7 @@
 """``faden``: every management command, plus ``faden lab ...`` for the virtual machine lab."""
 import os
 import sys
+from typing import NoReturn
 
 
 def main() -> int:
@@ -14,7 +15,7 @@ def main() -> int:
     return 0
 
 
-def lab(argv: list[str]) -> int:
+def lab(argv: list[str]) -> NoReturn:
     """Run the lab, handing it the console's public key so its machines accept the console.
 
     The lab runs as ``python -m lab`` in place of this process (exec, not a child): the server
