@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test test-fast lab-up lab-down lab-status bench clean
+.PHONY: run lint test test-fast lab-up lab-down lab-status bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || "$$(scripts/find-python)" -m venv $(VENV)
@@ -14,12 +14,16 @@ $(VENV)/.installed: pyproject.toml
 run: $(VENV)/.installed
 	$(VENV)/bin/faden serve
 
+## Imports point one way (the contracts in pyproject.toml); the agent's package is found in agent/.
+lint: $(VENV)/.installed
+	PYTHONPATH=agent $(VENV)/bin/lint-imports
+
 ## The whole suite: unit, API, live updates, the lab (as root) and the browser tests.
-test: $(VENV)/.installed
+test: lint
 	$(PY) -m pytest
 
 ## Everything but the lab and the browser.
-test-fast: $(VENV)/.installed
+test-fast: lint
 	$(PY) -m pytest -m "not lab and not browser"
 
 lab-up: $(VENV)/.installed

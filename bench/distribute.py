@@ -69,7 +69,7 @@ def main() -> None:
         REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"),
         FADEN_CONSOLE_URL=f"http://198.18.0.1:{port}",
         FADEN_CELERY_EAGER="1",
-        DJANGO_SETTINGS_MODULE="console.settings",
+        DJANGO_SETTINGS_MODULE="config.settings",
         FADEN_LOG_LEVEL="WARNING",
     )
     import django
@@ -93,7 +93,7 @@ def main() -> None:
     write_spec(spec, args.machines, args.fabric_mbit)
     lab("down")
     lab("up", "--spec", str(spec), "--authorized-key", str(console_key_path().with_suffix(".pub")))
-    web = subprocess.Popen([sys.executable, "-m", "daphne", "-v", "0", "-b", "198.18.0.1", "-p", str(port), "console.asgi:application"],
+    web = subprocess.Popen([sys.executable, "-m", "daphne", "-v", "0", "-b", "198.18.0.1", "-p", str(port), "config.asgi:application"],
                            cwd=ROOT, stderr=subprocess.DEVNULL)
     # The server's link: everything the console sends to the machines leaves through the bridge.
     sh("tc", "qdisc", "replace", "dev", "flb-mgmt", "root", "tbf", "rate", f"{args.server_mbit}mbit",

@@ -44,7 +44,7 @@ def main() -> None:
         DATABASE_URL=f"sqlite:///{data_dir}/bench.sqlite3",
         REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"),
         FADEN_CONSOLE_URL="http://198.18.0.1:9",  # heartbeats go nowhere: this measures enrolment
-        DJANGO_SETTINGS_MODULE="console.settings",
+        DJANGO_SETTINGS_MODULE="config.settings",
         FADEN_LOG_LEVEL="WARNING",
     )
     import django
@@ -64,11 +64,11 @@ def main() -> None:
         lab("up", "--spec", args.spec, "--authorized-key", str(console_key_path().with_suffix(".pub")))
     machines = json.loads(lab("status", "--json"))["machines"]
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "console", "worker", "-c", str(len(machines)), "-l", "WARNING", "-P", "threads"],
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "-c", str(len(machines)), "-l", "WARNING", "-P", "threads"],
         cwd=ROOT,
     )
     try:
-        from console.celery import app
+        from config.celery import app
 
         while not app.control.ping(timeout=0.5):  # the clock starts once the worker answers
             if worker.poll() is not None:

@@ -41,7 +41,7 @@ MACHINES = ("lab-a", "lab-b", "lab-c")
 SHOWN = ("FADEN_HEALTH_INTERVAL", "FADEN_HEALTH_LOOK_AGAIN", "FADEN_RESTART_ATTEMPTS", "FADEN_RESTART_PAUSE",
          "FADEN_FAILED_RETRY", "FADEN_RETRY_TICK", "FADEN_HEARTBEAT_INTERVAL", "FADEN_OFFLINE_AFTER",
          "FADEN_JOB_BEAT", "FADEN_JOB_STALE", "FADEN_SSH_CONNECT_TIMEOUT")
-TICKS = {"FADEN_RETRY_TICK": 15, "FADEN_JOB_REAP_TICK": 15}  # beat schedule defaults in console/settings.py
+TICKS = {"FADEN_RETRY_TICK": 15, "FADEN_JOB_REAP_TICK": 15}  # beat schedule defaults in config/settings.py
 
 
 def lab(*args: str, check: bool = True) -> str:
@@ -493,7 +493,7 @@ def main() -> None:
         FADEN_LAB_DIR=str(data_dir / "lab"),
         DATABASE_URL=f"sqlite:///{data_dir}/bench.sqlite3",
         REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/6"),
-        DJANGO_SETTINGS_MODULE="console.settings",
+        DJANGO_SETTINGS_MODULE="config.settings",
         FADEN_CELERY_EAGER="0",
         FADEN_LOG_LEVEL="WARNING",
     )

@@ -1,3 +1,1 @@
-from console.celery import app as celery_app
-
-__all__ = ["celery_app"]
+"""The core app every other app builds on: jobs, the transition guard, live updates, the page shell."""

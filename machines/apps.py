@@ -6,14 +6,26 @@ class MachinesConfig(AppConfig):
     verbose_name = "Machines"
 
     def ready(self) -> None:
-        from console import live
-        from machines import views
-
-        live.register("machines", views.render_machines_topic)
-        live.register("machine", views.render_machine_topic)
-
+        from console import dashboard, live
         from console.jobs import job_kind_register
-        from machines.services import ENROL_KIND, REFRESH_KIND
+        from machines import services, views
 
-        job_kind_register(ENROL_KIND, task="machines.tasks.machine_enrol")
-        job_kind_register(REFRESH_KIND, task="machines.tasks.machine_enrol")
+        live.register("machines", views.render_machines_topic, may_see=views.may_see_machines_topic)
+        live.register("machine", views.render_machine_topic)
+        # The dashboard shows the summary live (machines:summary sends nothing else) and the last events.
+        dashboard.register(
+            dashboard.Panel(
+                name="machine-summary",
+                template="machines/machine_list.html#summary",
+                context=lambda request: {"summary": views.machine_summary()},
+                topics=(services.SUMMARY_TOPIC,),
+                order=10,
+                wide=True,
+            )
+        )
+        dashboard.register(
+            dashboard.Panel(name="machine-events", template="machines/_recent_events.html", context=views.recent_events, order=20)
+        )
+
+        job_kind_register(services.ENROL_KIND, task="machines.tasks.machine_enrol")
+        job_kind_register(services.REFRESH_KIND, task="machines.tasks.machine_enrol")

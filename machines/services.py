@@ -29,6 +29,8 @@ from machines.signals import machine_reconnected, machine_went_offline
 log = logging.getLogger(__name__)
 
 ENROL_KIND, REFRESH_KIND = "machine.enrol", "machine.refresh"
+# The machines' counts alone, for pages that show them without the list (the dashboard).
+SUMMARY_TOPIC = "machines:summary"
 ENROL_STEPS = ["Connect", "Check Python", "Install the agent", "Read facts", "Start the heartbeat"]
 
 
@@ -36,6 +38,11 @@ def machine_changed(machine: Machine) -> None:
     """Tell the pages that show this machine to render it again (after commit)."""
     live.push("machines", part=str(machine.pk))
     live.push(f"machine:{machine.pk}")
+
+
+def machines_summary_changed() -> None:
+    """Tell the pages that show the machines' counts alone (the dashboard) to render them again."""
+    live.push(SUMMARY_TOPIC)
 
 
 def machine_event(*, machine: Machine, kind: str, message: str) -> MachineEvent:
@@ -50,6 +57,7 @@ def machine_transition(*, machine: Machine, to: str, reason: str = "") -> bool:
     before = machine.get_state_display()
     changed = transition(machine, to=to, allowed=TRANSITIONS, reason=reason, on_change=lambda: machine_changed(machine))
     if changed:
+        machines_summary_changed()
         message = f"{before} → {machine.get_state_display()}" + (f": {reason}" if reason else "")
         machine_event(machine=machine, kind=EventKind.STATE, message=message)
     return changed
@@ -112,6 +120,7 @@ def machine_create(
         if host_key_fingerprint:
             machine_enrol_start(machine=machine, user=user)
         live.push("machines", part=f"new-{machine.pk}")
+        machines_summary_changed()
     return machine
 
 
@@ -184,6 +193,7 @@ def machine_delete(*, machine: Machine) -> None:
         pk = machine.pk
         machine.delete()
         live.push("machines", part=f"deleted-{pk}")
+        machines_summary_changed()
 
 
 # -- facts and heartbeats ---------------------------------------------------------------
@@ -228,6 +238,7 @@ def machine_facts_apply(*, machine: Machine, facts: dict) -> None:
     NetworkInterface.objects.bulk_create(
         _interface_row(machine, iface) for iface in facts.get("interfaces") or [] if iface.get("name")
     )
+    machines_summary_changed()  # the accelerators' count
 
 
 def _interface_row(machine: Machine, iface: dict) -> NetworkInterface:

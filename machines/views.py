@@ -13,7 +13,7 @@ from console.models import Job
 from machines import remote, services
 from machines.choices import MachineState
 from machines.forms import ConfirmHostKeyForm, MachineForm, TrustHostKeyForm
-from machines.models import Accelerator, Machine
+from machines.models import Accelerator, Machine, MachineEvent
 
 PAGE_SIZE = 50
 
@@ -31,6 +31,11 @@ def machine_summary() -> dict:
         "attention": sum(by_state.get(s, 0) for s in (MachineState.OFFLINE, MachineState.FAILED, MachineState.HOST_KEY)),
         "accelerators": Accelerator.objects.count(),
     }
+
+
+def recent_events(request) -> dict:
+    """The dashboard's panel of what last happened to any machine."""
+    return {"events": MachineEvent.objects.select_related("machine")[:12]}
 
 
 def _filtered(request):
@@ -161,12 +166,20 @@ def machine_delete(request, pk: int):
 # -- live cards ---------------------------------------------------------------------------
 
 
+def may_see_machines_topic(user, arg: str) -> bool:
+    """``machines`` (the list) or ``machines:summary`` (its counts), for anyone signed in."""
+    return bool(user and user.is_authenticated) and arg in ("", "summary")
+
+
 def render_machines_topic(arg: str, part: str) -> list[str]:
     """The list's live parts: the summary, then the rows (the first page, or the one that changed).
 
     A row whose machine is new is added at the end of the table; one that was deleted is removed.
+    ``machines:summary`` is the summary alone, for pages without the table.
     """
     context = {"summary": machine_summary(), "oob": True}
+    if arg == "summary":  # services.SUMMARY_TOPIC
+        return [render_to_string("machines/machine_list.html#summary", context)]
     if part.startswith("deleted-"):
         context["deleted_id"] = part.removeprefix("deleted-")
     elif part.startswith("new-"):

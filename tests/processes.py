@@ -57,10 +57,10 @@ class Console:
         return process
 
     def start_worker(self, timeout: float = 30) -> None:
-        from console.celery import app
+        from config.celery import app
 
         name = f"{self.queue}-{uuid.uuid4().hex[:4]}@{socket.gethostname()}"
-        self.worker = self.spawn(["-m", "celery", "-A", "console", "worker", "-P", "threads", "-c", "4", "-Q", self.queue,
+        self.worker = self.spawn(["-m", "celery", "-A", "config", "worker", "-P", "threads", "-c", "4", "-Q", self.queue,
                                   "-n", name, "-l", "WARNING", "--without-mingle", "--without-gossip"])
         deadline = time.monotonic() + timeout
         while not app.control.ping(destination=[name], timeout=0.5):
@@ -88,7 +88,7 @@ def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: b
     """Daphne on every address (the lab's machines post heartbeats to it), one worker on a queue of
     its own, and beat when asked. With ``enqueue`` the test process sends its tasks to that worker
     instead of running them eagerly."""
-    from console.celery import app
+    from config.celery import app
 
     port = free_port()
     queue = f"fadenstack-test-{uuid.uuid4().hex[:8]}"
@@ -107,12 +107,12 @@ def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: b
     if enqueue:
         app.conf.task_always_eager, app.conf.task_default_queue = False, queue
     try:
-        web = console.spawn(["-m", "daphne", "-v", "0", "-b", "0.0.0.0", "-p", str(port), "console.asgi:application"])
+        web = console.spawn(["-m", "daphne", "-v", "0", "-b", "0.0.0.0", "-p", str(port), "config.asgi:application"])
         wait_for_port(port, web)
         console.start_worker()
         if beat:
             schedule = os.path.join(tempfile.mkdtemp(prefix="fadenstack-beat-"), "schedule")
-            console.spawn(["-m", "celery", "-A", "console", "beat", "-l", "WARNING", "-s", schedule])
+            console.spawn(["-m", "celery", "-A", "config", "beat", "-l", "WARNING", "-s", schedule])
         yield console
     finally:
         app.conf.task_always_eager, app.conf.task_default_queue = eager, default_queue

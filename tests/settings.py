@@ -5,7 +5,7 @@ import tempfile
 os.environ.setdefault("FADEN_DATA_DIR", tempfile.mkdtemp(prefix="fadenstack-test-"))
 os.environ.setdefault("FADEN_CELERY_EAGER", "1")
 
-from console.settings import *  # noqa: E402,F403
+from config.settings import *  # noqa: E402,F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
 STORAGES = {"staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}

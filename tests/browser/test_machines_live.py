@@ -63,3 +63,21 @@ def test_adding_a_lab_machine_in_the_browser_shows_it_healthy_live(page, lab_mac
 
     page.goto("/machines/")
     expect(page.locator("#machine-rows")).to_contain_text("8 x H100 80GB")
+
+
+def test_the_dashboards_summary_changes_live_and_nothing_it_is_sent_misses_its_place(page):
+    machine = MachineFactory(name="gpu-01")
+    errors = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.goto("/")
+    wait_until_live(page)
+    mark_page(page)
+    healthy, attention = (page.locator(f"#machine-summary .stat:nth-child({n}) .stat__value") for n in (2, 3))
+    expect(healthy).to_have_text("1")
+
+    services.machine_transition(machine=machine, to=MachineState.OFFLINE, reason="No heartbeat for 31 s.")
+
+    expect(attention).to_have_text("1")
+    expect(healthy).to_have_text("0")
+    assert_not_reloaded(page)
+    assert not [e for e in errors if "oobErrorNoTarget" in e]

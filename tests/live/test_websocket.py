@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import transaction
 from django.test import Client
 
-from console.asgi import application
+from config.asgi import application
 from machines import services
 from machines.choices import MachineState
 from tests.factories import MachineFactory, UserFactory

@@ -16,6 +16,16 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 
+# The project's wiring (config/) is named, not imported: console is the layer everything else builds on.
+CELERY_APP = "config"  # config/__init__.py holds the Celery app
+
+
+def asgi_application() -> str:
+    """Daphne's ``module:attribute`` for the settings' ASGI_APPLICATION (``config.asgi.application``)."""
+    module, _, attribute = settings.ASGI_APPLICATION.rpartition(".")
+    return f"{module}:{attribute}"
+
+
 def _listening(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=1):
@@ -50,9 +60,9 @@ class Command(BaseCommand):
         self._ensure_admin()
         python = sys.executable
         data = Path(settings.DATA_DIR)
-        self._spawn("web", [python, "-m", "daphne", "-b", bind, "-p", str(port), "console.asgi:application"])
-        self._spawn("worker", [python, "-m", "celery", "-A", "console", "worker", "-c", str(concurrency), "-l", "INFO", "-n", f"worker@{socket.gethostname()}"])
-        self._spawn("beat", [python, "-m", "celery", "-A", "console", "beat", "-l", "INFO", "-s", str(data / "celerybeat-schedule")])
+        self._spawn("web", [python, "-m", "daphne", "-b", bind, "-p", str(port), asgi_application()])
+        self._spawn("worker", [python, "-m", "celery", "-A", CELERY_APP, "worker", "-c", str(concurrency), "-l", "INFO", "-n", f"worker@{socket.gethostname()}"])
+        self._spawn("beat", [python, "-m", "celery", "-A", CELERY_APP, "beat", "-l", "INFO", "-s", str(data / "celerybeat-schedule")])
         shown = "localhost" if bind in ("0.0.0.0", "::") else bind
         self.stdout.write(self.style.SUCCESS(f"Fadenstack is up: http://{shown}:{port}/  (Ctrl-C stops it)"))
         try:

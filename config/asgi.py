@@ -2,7 +2,7 @@
 import os
 from urllib.parse import urlsplit
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 from django.core.asgi import get_asgi_application  # noqa: E402
 

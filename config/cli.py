@@ -1,11 +1,12 @@
 """``faden``: every management command, plus ``faden lab ...`` for the virtual machine lab."""
 import os
 import sys
+from typing import NoReturn
 
 
 def main() -> int:
     argv = sys.argv[1:]
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     if argv[:1] == ["lab"]:
         return lab(argv[1:])
     from django.core.management import execute_from_command_line
@@ -14,10 +15,12 @@ def main() -> int:
     return 0
 
 
-def lab(argv: list[str]) -> int:
-    """Run the lab, handing it the console's public key so its machines accept the console."""
-    from lab.cli import main as lab_main
+def lab(argv: list[str]) -> NoReturn:
+    """Run the lab, handing it the console's public key so its machines accept the console.
 
+    The lab runs as ``python -m lab`` in place of this process (exec, not a child): the server
+    imports none of the lab's code, and the lab keeps the terminal, the signals and the exit status.
+    """
     if argv[:1] == ["up"] and "--authorized-key" not in argv:
         import django
 
@@ -26,7 +29,8 @@ def lab(argv: list[str]) -> int:
 
         console_public_key()  # made on first use
         argv = [*argv, "--authorized-key", str(console_key_path().with_suffix(".pub"))]
-    return lab_main(argv)
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "lab", *argv])
 
 
 if __name__ == "__main__":

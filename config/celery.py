@@ -3,7 +3,7 @@ import os
 
 from celery import Celery
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("fadenstack")
 app.config_from_object("django.conf:settings", namespace="CELERY")

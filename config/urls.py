@@ -4,6 +4,7 @@ from django.urls import include, path
 
 from clusters.agent_views import runtime_image_download
 from console import views
+from machines.agent_views import agent_heartbeat
 
 urlpatterns = [
     path("", views.dashboard, name="dashboard"),
@@ -12,8 +13,8 @@ urlpatterns = [
     path("machines/", include("machines.urls")),
     path("clusters/", include("clusters.urls")),
     path("deployments/", include("deployments.urls")),
-    path("agent/heartbeat/", views.agent_heartbeat, name="agent-heartbeat"),
+    path("agent/heartbeat/", agent_heartbeat, name="agent-heartbeat"),
     path("agent/images/<str:digest>/", runtime_image_download, name="agent-image-download"),
-    path("api/", include("console.api_urls")),
+    path("api/", include("config.api_urls")),
     path("admin/", admin.site.urls),
 ]
