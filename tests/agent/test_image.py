@@ -7,8 +7,6 @@ import http.server
 import json
 import os
 import re
-import subprocess
-import tempfile
 import threading
 import time
 
@@ -193,29 +191,6 @@ def test_an_unreachable_source_leaves_a_resumable_partial_copy(machines, image):
     assert res["resumed_from"] == 12 * MiB and res["bytes_fetched"] == image["size"] - 12 * MiB
     assert [e["resumed_at"] for e in events if e["event"] == "progress"][0] == 12 * MiB
     assert sha256_file(b.img(d)) == d
-
-
-@pytest.fixture
-def small_fs():
-    """Mount a tmpfs of the given MiB (root only); skipped otherwise."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small file system needs root")
-    mounted = []
-
-    def make(mib):
-        path = tempfile.mkdtemp(prefix="faden-small-")
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dm" % mib, "tmpfs", path],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        if proc.returncode:
-            os.rmdir(path)
-            pytest.skip("cannot mount a tmpfs here: %s" % proc.stdout.decode().strip())
-        mounted.append(path)
-        return path
-
-    yield make
-    for path in mounted:
-        subprocess.run(["umount", path])
-        os.rmdir(path)
 
 
 def test_no_room_writes_nothing(machines, image, small_fs):
