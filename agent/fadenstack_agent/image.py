@@ -47,7 +47,9 @@ def read_manifest(path: str) -> dict:
                 raise AgentError(NOT_RETRYABLE, "%s: manifest.json is %d bytes, too big" % (path, member.size))
             raw = tar.extractfile(member).read()
     except (tarfile.TarError, OSError) as exc:
-        raise AgentError(NOT_RETRYABLE, "%s is not a readable tar archive: %s" % (path, exc))
+        # Python 3.9's tarfile says "seeking backwards" where later ones find no member.
+        raise AgentError(NOT_RETRYABLE, "%s is not a runtime image (not a readable tar archive: %s)"
+                         % (path, exc))
     try:
         manifest = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
