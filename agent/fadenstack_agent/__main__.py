@@ -9,8 +9,10 @@ in ``docs/agent-protocol.md``); bad arguments give ``{"event": "error",
 
 import sys
 
-# The modules that declare commands.
-from . import facts, heartbeat, beat, machine, blob, image, blobserve, probe, runtime, ray  # noqa: F401
+from . import facts, heartbeat, beat, machine, blob, image, blobserve, probe, runtime, ray
+
+# Importing a module declares its commands (``cli.command``).
+COMMAND_MODULES = (facts, heartbeat, beat, machine, blob, image, blobserve, probe, runtime, ray)
 from .cli import dispatch
 from .files import running_zip
 from .protocol import RETRYABLE, AgentError, Emitter

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-import fadenstack_agent.__main__  # noqa: F401 - declares every command
 from fadenstack_agent import cli, protocol
+from fadenstack_agent.__main__ import COMMAND_MODULES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -40,6 +40,11 @@ def test_the_protocol_document_lists_every_command_with_its_flags():
     for name, cmd in declared.items():
         for flags, _ in cmd.args:
             assert flags[0] in sections[name], "docs/agent-protocol.md: `%s` does not mention %s" % (name, flags[0])
+
+
+def test_the_entry_point_imports_exactly_the_modules_that_declare_commands():
+    declaring = {cmd.handler.__module__ for cmd in cli.COMMANDS.values()}
+    assert declaring == {module.__name__ for module in COMMAND_MODULES}
 
 
 def test_every_command_has_a_docstring_and_a_single_declaration():
