@@ -114,7 +114,7 @@ def main() -> None:
         def clear_stores() -> None:
             for m in machines:
                 with remote.connect(machine_target(m)) as conn:
-                    remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/images"])
+                    remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/blobs", "/var/lib/fadenstack/images"])
             Transfer.objects.all().delete()
 
         # The chain, as a cluster start does it.

@@ -16,15 +16,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from . import daemon, get_version
-from .heartbeat import load_config
-from .paths import Layout, atomic_write
+from . import get_version
+from .cli import command
+from .heartbeat import heartbeat_daemon, load_config
 from .protocol import NOT_RETRYABLE, AgentError
 
 HTTP_TIMEOUT = 5.0
 TICK = 0.5
 REPEAT_LOG_EVERY = 300.0
-LOG_MAX_BYTES = 1024 * 1024
 
 
 def _read_first(path: str) -> str:
@@ -91,9 +90,9 @@ def send_beat(opener, config: dict, payload: dict) -> int:
 class Runner:
     """The daemon loop; ``run()`` returns the exit code."""
 
-    def __init__(self, out, layout=None):
+    def __init__(self, out, daemon=None):
         self.out = out
-        self.layout = layout or Layout()
+        self.daemon = daemon or heartbeat_daemon()
         self.opener = urllib.request.build_opener(_NoRedirect)
         self.stopping = False
         self.config = None
@@ -108,7 +107,7 @@ class Runner:
 
     def _signature(self):
         try:
-            st = os.stat(self.layout.heartbeat_config)
+            st = os.stat(self.daemon.config)
         except OSError:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -117,26 +116,26 @@ class Runner:
         self.stopping = True
 
     def write_status(self) -> None:
-        try:
-            atomic_write(self.layout.heartbeat_status,
-                         (json.dumps(self.status, indent=2) + "\n").encode("utf-8"), 0o644)
-        except OSError:
-            pass
+        self.daemon.write_status(self.status)
 
     def run(self) -> int:
-        self.config = load_config(self.layout)
+        self.config = load_config(self.daemon)
         self.signature = self._signature()
         if self.config is None:
             raise AgentError(NOT_RETRYABLE, "heartbeat is not configured (no usable %s): run "
-                             "`heartbeat start` first" % self.layout.heartbeat_config)
-        lock = daemon.try_lock(self.layout.run_lock)
-        if lock is None:
-            _, pid = daemon.holder(self.layout.run_lock, self.layout.heartbeat_pid)
-            self.log("another heartbeat daemon already runs (pid %s); leaving it be" % pid)
-            return self.out.result(running=True, pid=pid, started=False)
+                             "`heartbeat start` first" % self.daemon.config)
+        with self.daemon.serving() as mine:
+            if not mine:
+                _, pid = self.daemon.running()
+                self.log("another heartbeat daemon already runs (pid %s); leaving it be" % pid)
+                return self.out.result(running=True, pid=pid, started=False)
+            self._serve()
+        self.log("heartbeat daemon stopped")
+        return self.out.result(running=False, stopped=True, beats=self.status.get("beats", 0))
+
+    def _serve(self) -> None:
         pid = os.getpid()
         try:
-            atomic_write(self.layout.heartbeat_pid, ("%d\n" % pid).encode("ascii"), 0o644)
             for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, self._on_signal)
             self.status = {"running": True, "pid": pid, "version": get_version(),
@@ -150,14 +149,6 @@ class Runner:
         finally:
             self.status.update(running=False, stopped_at=time.time())
             self.write_status()
-            if daemon.read_pid(self.layout.heartbeat_pid) == pid:
-                try:
-                    os.unlink(self.layout.heartbeat_pid)
-                except OSError:
-                    pass
-            daemon.unlock(lock)
-        self.log("heartbeat daemon stopped")
-        return self.out.result(running=False, stopped=True, beats=self.status.get("beats", 0))
 
     def loop(self) -> None:
         next_beat = time.monotonic()
@@ -175,7 +166,7 @@ class Runner:
                     next_beat = time.monotonic() + float(self.config["interval"])
             if now - last_rotate_check >= 60:
                 last_rotate_check = now
-                self.rotate_log_if_big()
+                self.daemon.rotate_log_if_big()
             time.sleep(max(0.0, min(TICK, next_beat - time.monotonic())))
 
     def reload_if_changed(self) -> bool:
@@ -184,12 +175,12 @@ class Runner:
             return False
         self.signature = signature
         if signature is None:
-            self.log("%s was removed; stopping" % self.layout.heartbeat_config)
+            self.log("%s was removed; stopping" % self.daemon.config)
             self.stopping = True
             return False
-        config = load_config(self.layout)
+        config = load_config(self.daemon)
         if config is None:
-            self.log("%s is not usable; keeping the previous settings" % self.layout.heartbeat_config)
+            self.log("%s is not usable; keeping the previous settings" % self.daemon.config)
             return False
         if config == self.config:
             return False
@@ -229,24 +220,8 @@ class Runner:
                      " (%d failures in a row)" % count if count > 1 else ""))
             self.last_logged, self.last_log_at = message, now
 
-    def rotate_log_if_big(self) -> None:
-        path = self.layout.heartbeat_log
-        try:
-            out, st = os.fstat(1), os.stat(path)
-        except OSError:
-            return
-        if (out.st_dev, out.st_ino) != (st.st_dev, st.st_ino) or st.st_size < LOG_MAX_BYTES:
-            return
-        try:
-            os.replace(path, path + ".1")
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        except OSError:
-            return
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
 
-
+@command("heartbeat", "run")
 def cmd_run(args, out) -> int:
     """``heartbeat run``: the foreground heartbeat loop (what the daemon and the
     boot hooks execute).  Ends with ``{"running": false, "stopped": true,

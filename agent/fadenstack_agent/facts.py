@@ -12,7 +12,8 @@ import socket
 import subprocess
 
 from . import get_version, parsers
-from .paths import load_machine_config, store_dir
+from .cli import arg, command
+from .files import load_machine_config, store_dir
 
 TIMEOUT = 10
 NVIDIA_QUERY = ["nvidia-smi", "--query-gpu=index,name,memory.total,uuid,pci.bus_id",
@@ -212,3 +213,15 @@ class Collector:
 def collect_facts(store=None) -> dict:
     """Collect this machine's facts (see the module docstring)."""
     return Collector(store=store).collect()
+
+
+@command("facts", args=[arg("--store", metavar="PATH", help="store directory to measure")])
+def cmd_facts(args, out) -> int:
+    """``facts [--store PATH]``: what this machine is.
+
+    Result: ``{"facts": {"agent_version", "hostname", "arch", "cpu_count",
+    "memory_mib", "kernel", "os", "store": {"path", "free_bytes",
+    "total_bytes"}, "accelerators": [...], "interfaces": [...],
+    "container_runtime": {"name", "version"} | null, "warnings": [...]}}``.
+    """
+    return out.result(facts=collect_facts(store=args.store))

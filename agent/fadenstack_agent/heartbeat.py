@@ -1,25 +1,33 @@
 """``heartbeat start|stop|status``: keep a small daemon posting "I am alive"
 to the console.  The loop itself (``heartbeat run``) lives in ``beat``.
 
-Files under the agent home: ``heartbeat.json`` (mode 0600: url, interval,
-token), ``heartbeat.pid``, ``heartbeat.status.json`` (written by the daemon,
-never holds the token), ``heartbeat.log``, and the boot hooks (``install``).
-The token only ever arrives on stdin, so it never shows in ``ps``.
+Files under the agent home (``daemon.Daemon`` named ``heartbeat``):
+``heartbeat.json`` (mode 0600: url, interval, token), ``heartbeat.pid``,
+``heartbeat.status.json`` (written by the daemon, never holds the token),
+``heartbeat.log``, and the boot hooks (``install``).  The token only ever
+arrives on stdin, so it never shows in ``ps``.
 """
 
-import json
+import argparse
 import os
 import select
 import time
 import urllib.parse
 
-from . import daemon, get_version, install
-from .paths import Layout, atomic_write
-from .protocol import BAD_INPUT, RETRYABLE, AgentError
+from . import install
+from .cli import arg, command, group
+from .daemon import Daemon
+from .files import Layout
+from .protocol import BAD_INPUT, AgentError
 
 MIN_INTERVAL, MAX_INTERVAL = 1.0, 3600.0
 TOKEN_WAIT = 30.0
-START_WAIT = 10.0
+
+group("heartbeat", help="the heartbeat daemon")
+
+
+def heartbeat_daemon(home=None) -> Daemon:
+    return Daemon("heartbeat", "the heartbeat daemon", home)
 
 
 def parse_interval(text: str):
@@ -29,7 +37,6 @@ def parse_interval(text: str):
     except (TypeError, ValueError):
         value = float("nan")
     if not (MIN_INTERVAL <= value <= MAX_INTERVAL):
-        import argparse
         raise argparse.ArgumentTypeError(
             "must be a number of seconds between %g and %g, got %r" % (MIN_INTERVAL, MAX_INTERVAL, text))
     return int(value) if value == int(value) else value
@@ -67,80 +74,24 @@ def read_token(fd: int = 0, wait: float = TOKEN_WAIT) -> str:
     return token
 
 
-def load_config(layout: Layout):
+def load_config(daemon: Daemon):
     """heartbeat.json as a dict, or None when absent or unusable."""
-    try:
-        with open(layout.heartbeat_config, "r", encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not all(k in data for k in ("url", "interval", "token")):
+    data = daemon.read_config()
+    if not data or not all(k in data for k in ("url", "interval", "token")):
         return None
     return data
 
 
-def read_status(layout: Layout) -> dict:
-    try:
-        with open(layout.heartbeat_status, "r", encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+# ------------------------------------------------------------------ commands
 
 
-def log_tail(layout: Layout, secret=None, lines: int = 3) -> str:
-    try:
-        with open(layout.heartbeat_log, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 4096))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    text = " | ".join(ln.strip() for ln in text.splitlines()[-lines:] if ln.strip())
-    return text.replace(secret, "[token]") if secret else text
-
-
-class _Locked:
-    """``with _Locked(layout):`` serialises start / stop / uninstall."""
-
-    def __init__(self, layout: Layout):
-        self.layout = layout
-        self.fd = None
-
-    def __enter__(self):
-        self.layout.ensure_home()
-        self.fd = daemon.lock_waiting(self.layout.heartbeat_lock, timeout=30.0)
-        if self.fd is None:
-            raise AgentError(RETRYABLE, "another heartbeat start/stop is still running on this machine")
-        return self
-
-    def __exit__(self, *exc):
-        daemon.unlock(self.fd)
-        return False
-
-
-def _running(layout: Layout):
-    return daemon.holder(layout.run_lock, layout.heartbeat_pid)
-
-
-def _spawn(layout: Layout, launch, token: str) -> int:
-    pid = daemon.spawn_detached(launch.argv(), launch.environ(), layout.heartbeat_log, cwd=layout.home)
-    deadline = time.monotonic() + START_WAIT
-    while time.monotonic() < deadline:
-        status = read_status(layout)
-        if status.get("pid") == pid and status.get("running"):
-            return pid
-        if not daemon.pid_alive(pid):
-            break
-        time.sleep(0.05)
-    if daemon.pid_alive(pid):
-        return pid
-    raise AgentError(RETRYABLE, "the heartbeat daemon exited right after starting: %s"
-                     % (log_tail(layout, token) or "no output"))
-
-
+@command("heartbeat", "start", args=[
+    arg("--url", required=True, help="console heartbeat URL"),
+    arg("--interval", type=parse_interval, default=10, metavar="SECONDS",
+        help="seconds between beats (default 10)")])
 def cmd_start(args, out) -> int:
-    """``heartbeat start --url URL [--interval S]`` (token on stdin).
+    """``heartbeat start --url URL [--interval S]`` (token on stdin): configure
+    and start the daemon.
 
     Writes heartbeat.json, installs the boot hooks, points current.pyz at this
     zip and starts the daemon; restarts it when the config or the agent version
@@ -149,69 +100,34 @@ def cmd_start(args, out) -> int:
     """
     url = validate_url(args.url)
     token = read_token()
-    layout = Layout()
-    new = {"url": url, "interval": args.interval, "token": token}
-    with _Locked(layout):
-        old = load_config(layout)
-        changed = old != new
-        if changed or not os.path.exists(layout.heartbeat_config):
-            atomic_write(layout.heartbeat_config, (json.dumps(new, indent=2) + "\n").encode("utf-8"), 0o600)
-        os.chmod(layout.heartbeat_config, 0o600)
-        launch = install.Launch(layout)
+    daemon = heartbeat_daemon()
+    layout = Layout(daemon.home)
+    with daemon.control():
+        changed = daemon.write_config({"url": url, "interval": args.interval, "token": token})
+        launch = install.Launch(daemon.home)
         install.update_current_link(layout)
-        install.install_autostart(layout, launch)
+        install.install_autostart(layout, launch, daemon.log)
         install.install_systemd(layout, launch, out.log)
-        running, pid = _running(layout)
-        restarted = False
-        if running:
-            status = read_status(layout)
-            reasons = []
-            if changed:
-                reasons.append("its configuration changed")
-            if status.get("version") != get_version():
-                reasons.append("it runs agent %s, this is %s" % (status.get("version") or "unknown", get_version()))
-            if pid is None or status.get("pid") != pid:
-                reasons.append("its state file does not match it")
-            if not reasons:
-                return out.result(running=True, pid=pid, restarted=False)
-            out.log("restarting the heartbeat daemon (pid %s): %s" % (pid, "; ".join(reasons)))
-            if pid is None or not daemon.terminate(pid):
-                raise AgentError(RETRYABLE, "could not stop the running heartbeat daemon (pid %s)" % pid)
-            restarted = True
-        pid = _spawn(layout, launch, token)
-        return out.result(running=True, pid=pid, restarted=restarted)
+        pid, restarted = daemon.start(launch.argv("heartbeat", "run"), launch.environ(), out, changed,
+                                      secret=token, trust_alive=True)
+    return out.result(running=True, pid=pid, restarted=restarted)
 
 
-def stop_daemon(layout: Layout):
-    """Stop the daemon if it runs; its pid (or None)."""
-    running, pid = _running(layout)
-    if not running:
-        return None
-    if pid is None:
-        raise AgentError(RETRYABLE, "a heartbeat daemon holds %s but its pid is unknown" % layout.run_lock)
-    if not daemon.terminate(pid):
-        raise AgentError(RETRYABLE, "the heartbeat daemon (pid %d) did not stop" % pid)
-    if daemon.read_pid(layout.heartbeat_pid) == pid:
-        try:
-            os.unlink(layout.heartbeat_pid)
-        except OSError:
-            pass
-    return pid
-
-
+@command("heartbeat", "stop")
 def cmd_stop(args, out) -> int:
     """``heartbeat stop``: stop the daemon (boot hooks stay; ``uninstall`` removes them).
 
     Result: ``{"running": false, "stopped": bool, "pid": N or null}``.
     """
-    layout = Layout()
-    if not os.path.isdir(layout.home):
+    daemon = heartbeat_daemon()
+    if not os.path.isdir(daemon.home):
         return out.result(running=False, stopped=False, pid=None)
-    with _Locked(layout):
-        pid = stop_daemon(layout)
+    with daemon.control():
+        pid = daemon.stop()
     return out.result(running=False, stopped=pid is not None, pid=pid)
 
 
+@command("heartbeat", "status")
 def cmd_status(args, out) -> int:
     """``heartbeat status``: is it configured and running, and how it fares.
 
@@ -219,15 +135,15 @@ def cmd_status(args, out) -> int:
     "started_at", "last_ok_at", "last_error", "consecutive_failures",
     "autostart"}`` (never the token).
     """
-    layout = Layout()
-    config = load_config(layout) or {}
-    running, pid = _running(layout) if os.path.isdir(layout.home) else (False, None)
-    status = read_status(layout) if running else {}
+    daemon = heartbeat_daemon()
+    config = load_config(daemon) or {}
+    running, pid = daemon.running()
+    status = daemon.read_status() if running else {}
     return out.result(
         configured=bool(config), running=running, pid=pid,
         url=config.get("url"), interval=config.get("interval"),
         version=status.get("version"), started_at=status.get("started_at"),
         last_ok_at=status.get("last_ok_at"), last_error=status.get("last_error"),
         consecutive_failures=status.get("consecutive_failures"),
-        autostart=os.access(layout.autostart_hook, os.X_OK),
+        autostart=os.access(Layout(daemon.home).autostart_hook, os.X_OK),
     )

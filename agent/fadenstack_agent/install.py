@@ -1,6 +1,6 @@
 """How the agent stays put on the machine: the ``current.pyz`` link, the boot
-hooks (``<home>/autostart.d/heartbeat`` and, on systemd hosts, a unit), and
-``uninstall``."""
+hooks (``<home>/autostart.d/heartbeat`` and, on systemd hosts, a unit), how
+to start the agent again (``Launch``), and what ``uninstall`` removes."""
 
 import os
 import shlex
@@ -9,9 +9,8 @@ import subprocess
 import sys
 
 from . import get_version
-from .paths import (atomic_symlink, atomic_write, is_system_install, remove_quietly,
+from .files import (ENV_HOME, Layout, atomic_symlink, atomic_write, is_system_install, remove_quietly,
                     running_zip, source_root)
-from .paths import ENV_HOME
 
 SYSTEMD_RUNTIME_DIR = "/run/systemd/system"
 SYSTEMD_UNIT_NAME = "fadenstack-heartbeat.service"
@@ -19,22 +18,23 @@ SYSTEMD_UNIT_PATH = "/etc/systemd/system/" + SYSTEMD_UNIT_NAME
 
 
 class Launch:
-    """How to start ``heartbeat run``: a python, its arguments, extra env."""
+    """How to run an agent command in a daemon or a boot hook: a python, the
+    program (this zip, or the source package), extra environment."""
 
-    def __init__(self, layout, python=None):
+    def __init__(self, home: str, python=None):
         self.python = python or sys.executable or shutil.which("python3") or "python3"
-        self.env = {ENV_HOME: layout.home}
+        self.env = {ENV_HOME: home}
         zipped = running_zip()
         if zipped:
             self.program = [zipped]
-            self.boot_program = [layout.current_link]   # boot hooks follow the link
+            self.boot_program = [Layout(home).current_link]   # boot hooks follow the link
         else:
             self.program = ["-m", "fadenstack_agent"]
             self.boot_program = self.program
             self.env["PYTHONPATH"] = source_root() or ""
 
-    def argv(self) -> list:
-        return [self.python] + self.program + ["heartbeat", "run"]
+    def argv(self, *command) -> list:
+        return [self.python] + self.program + list(command)
 
     def environ(self) -> dict:
         env = dict(os.environ)
@@ -54,7 +54,7 @@ def update_current_link(layout) -> bool:
     return atomic_symlink(zipped, layout.current_link)
 
 
-def autostart_hook_text(layout, launch) -> str:
+def autostart_hook_text(launch, log_path: str) -> str:
     lines = [
         "#!/bin/sh",
         "# Fadenstack heartbeat, written by fadenstack-agent %s; `uninstall` removes it." % get_version(),
@@ -64,14 +64,15 @@ def autostart_hook_text(layout, launch) -> str:
         lines.append("%s=%s" % (key, shlex.quote(launch.env[key])))
         lines.append("export %s" % key)
     cmd = " ".join(shlex.quote(part) for part in ["python3"] + launch.boot_program + ["heartbeat", "run"])
-    log = shlex.quote(layout.heartbeat_log)
+    log = shlex.quote(log_path)
     lines.append("exec %s </dev/null >>%s 2>&1" % (cmd, log))
     return "\n".join(lines) + "\n"
 
 
-def install_autostart(layout, launch) -> bool:
-    """Write the executable boot hook; True when it changed."""
-    text = autostart_hook_text(layout, launch).encode("utf-8")
+def install_autostart(layout, launch, log_path: str) -> bool:
+    """Write the executable boot hook (``heartbeat run``, output to ``log_path``);
+    True when it changed."""
+    text = autostart_hook_text(launch, log_path).encode("utf-8")
     try:
         with open(layout.autostart_hook, "rb") as fh:
             if fh.read() == text and os.access(layout.autostart_hook, os.X_OK):
@@ -83,7 +84,7 @@ def install_autostart(layout, launch) -> bool:
     return True
 
 
-def systemd_unit_text(layout, launch) -> str:
+def systemd_unit_text(launch) -> str:
     exec_start = " ".join(shlex.quote(part) for part in
                           [os.path.abspath(launch.python)] + launch.boot_program + ["heartbeat", "run"])
     env = "\n".join("Environment=%s=%s" % (k, launch.env[k]) for k in sorted(launch.env))
@@ -123,7 +124,7 @@ def install_systemd(layout, launch, log) -> bool:
     if not systemd_managed(layout):
         return False
     try:
-        text = systemd_unit_text(layout, launch).encode("utf-8")
+        text = systemd_unit_text(launch).encode("utf-8")
         try:
             with open(SYSTEMD_UNIT_PATH, "rb") as fh:
                 same = fh.read() == text
@@ -157,8 +158,8 @@ def remove_systemd(layout, log) -> list:
     return removed
 
 
-def remove_installation(layout, log) -> list:
-    """Remove boot hooks, ``<home>/agent`` and the heartbeat files (not the store).
+def remove_installation(layout, log, daemon_files=()) -> list:
+    """Remove boot hooks, ``<home>/agent`` and ``daemon_files`` (not the store).
 
     Everything this needs is imported already: ``<home>/agent`` may hold the
     very zip this code runs from.
@@ -174,7 +175,7 @@ def remove_installation(layout, log) -> list:
     if os.path.lexists(layout.agent_dir):
         shutil.rmtree(layout.agent_dir, ignore_errors=True)
         removed.append(layout.agent_dir)
-    for path in layout.heartbeat_files():
+    for path in daemon_files:
         if remove_quietly(path):
             removed.append(path)
     try:

@@ -15,9 +15,9 @@ import select
 import socket
 import time
 
+from .cli import arg, command, group, port_arg, seconds_arg
 from .protocol import ADDRESS_IN_USE, BAD_INPUT, NOT_RETRYABLE, UNREACHABLE, AgentError
 
-ACTIONS = ("serve", "send")
 DEFAULT_PORT = 7471
 MAGIC = b"FADENPROBE 1\n"
 BLOCK = 1 << 20
@@ -27,24 +27,7 @@ IO_TIMEOUT = 30.0
 GRACE = 5.0
 
 
-def _seconds(low, high):
-    def parse(text):
-        import argparse
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not (low <= value <= high):
-            raise argparse.ArgumentTypeError("must be a number of seconds from %g to %g, got %r" % (low, high, text))
-        return value
-    return parse
-
-
-def _port(text):
-    import argparse
-    if not text.isdigit() or int(text) > 65535:
-        raise argparse.ArgumentTypeError("must be a TCP port from 0 to 65535, got %r" % text)
-    return int(text)
+group("probe", help="bandwidth and reachability to another machine")
 
 
 def _ip(text, flag):
@@ -62,6 +45,10 @@ def _why(exc):
     return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
+@command("probe", "serve", args=[
+    arg("--bind", required=True, metavar="ADDR", help="address to listen on (0.0.0.0: all)"),
+    arg("--port", type=port_arg, default=DEFAULT_PORT, help="TCP port (default 7471; 0: any)"),
+    arg("--seconds", type=seconds_arg(0.1, 3600), default=10.0, help="how long the sender sends")])
 def cmd_serve(args, out) -> int:
     """``probe serve --bind ADDR [--port 7471] [--seconds S]``: take one
     sender, discard its bytes, stop when it is done or after S+5 s.
@@ -147,6 +134,11 @@ def _receive(conn, peer, deadline, out):
             "sender": peer[0], "complete": complete}
 
 
+@command("probe", "send", args=[
+    arg("--to", required=True, metavar="ADDR", help="the receiving machine's address"),
+    arg("--port", type=port_arg, default=DEFAULT_PORT, help="TCP port (default 7471)"),
+    arg("--seconds", type=seconds_arg(0.1, 600), default=3.0, help="seconds to send (default 3)"),
+    arg("--from", metavar="ADDR", help="local address to send from")])
 def cmd_send(args, out) -> int:
     """``probe send --to ADDR [--port 7471] [--seconds 3] [--from ADDR]``:
     send random bytes to a ``probe serve`` for S seconds.
@@ -197,23 +189,3 @@ def cmd_send(args, out) -> int:
         raise AgentError(UNREACHABLE, "%s port %d did not confirm what it received (is it a `probe serve`?)"
                          % (to, args.port))
     return out.result(mbps=_mbps(received, seconds), bytes=received, seconds=round(seconds, 3), sent=sent)
-
-
-def add_commands(sub, parser_class) -> None:
-    """Add ``probe serve|send`` to the agent's command line."""
-    from .protocol import needs_action
-
-    probe = sub.add_parser("probe", help="bandwidth and reachability to another machine", allow_abbrev=False)
-    probe.set_defaults(handler=needs_action("probe", ACTIONS))
-    actions = probe.add_subparsers(dest="probe_action", metavar="ACTION", parser_class=parser_class)
-    serve = actions.add_parser("serve", help="receive one sender's bytes", allow_abbrev=False)
-    serve.add_argument("--bind", required=True, metavar="ADDR", help="address to listen on (0.0.0.0: all)")
-    serve.add_argument("--port", type=_port, default=DEFAULT_PORT, help="TCP port (default 7471; 0: any)")
-    serve.add_argument("--seconds", type=_seconds(0.1, 3600), default=10.0, help="how long the sender sends")
-    serve.set_defaults(handler=cmd_serve)
-    send = actions.add_parser("send", help="send bytes to a probe server", allow_abbrev=False)
-    send.add_argument("--to", required=True, metavar="ADDR", help="the receiving machine's address")
-    send.add_argument("--port", type=_port, default=DEFAULT_PORT, help="TCP port (default 7471)")
-    send.add_argument("--seconds", type=_seconds(0.1, 600), default=3.0, help="seconds to send (default 3)")
-    send.add_argument("--from", metavar="ADDR", help="local address to send from")
-    send.set_defaults(handler=cmd_send)

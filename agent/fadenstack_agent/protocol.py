@@ -4,20 +4,26 @@ Every command prints any number of ``{"event": "progress", ...}`` and
 ``{"event": "log", "message": ...}`` lines and ends with exactly one
 ``{"event": "result", ...}`` (exit 0) or
 ``{"event": "error", "kind": K, "message": M}`` (exit 1; exit 2 for
-``bad_input``).
+``bad_input``), K one of ``ERROR_KINDS``.  Progress of a transfer names the
+file: ``{"event": "progress", "digest", "bytes", "total", ...}``.
+
+Every command, its flags, its stdin and its result keys are listed in
+``docs/agent-protocol.md`` (a test holds that list to the declared commands).
 """
 
 import json
 import sys
 import time
 
-RETRYABLE = "retryable"
-NOT_RETRYABLE = "not_retryable"
-ADDRESS_IN_USE = "address_in_use"
-NO_ROOM = "no_room"
-UNREACHABLE = "unreachable"
-BAD_INPUT = "bad_input"
-KINDS = (RETRYABLE, NOT_RETRYABLE, ADDRESS_IN_USE, NO_ROOM, UNREACHABLE, BAD_INPUT)
+RETRYABLE = "retryable"            # try again later: the same call may well succeed
+NOT_RETRYABLE = "not_retryable"    # the same cause would come out of every retry
+ADDRESS_IN_USE = "address_in_use"  # a port the command must listen on is held by another process
+NO_ROOM = "no_room"                # the store has not the room the file needs
+UNREACHABLE = "unreachable"        # another machine (a source, the Ray head, a probe) does not answer
+BAD_INPUT = "bad_input"            # the command line or stdin is wrong (exit status 2)
+
+# Every kind an error line may carry: the server holds its own list to this one.
+ERROR_KINDS = (RETRYABLE, NOT_RETRYABLE, ADDRESS_IN_USE, NO_ROOM, UNREACHABLE, BAD_INPUT)
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -28,7 +34,7 @@ class AgentError(Exception):
     """A failure the agent reports as an ``error`` line with a kind."""
 
     def __init__(self, kind: str, message: str):
-        if kind not in KINDS:
+        if kind not in ERROR_KINDS:
             raise ValueError("unknown error kind %r" % (kind,))
         super().__init__(message)
         self.kind = kind
@@ -80,15 +86,8 @@ class Emitter:
         return EXIT_OK
 
     def error(self, kind: str, message: str) -> int:
-        if kind not in KINDS:
+        if kind not in ERROR_KINDS:
             kind = RETRYABLE
         self.finished = True
         self.emit("error", kind=kind, message=message)
         return EXIT_BAD_INPUT if kind == BAD_INPUT else EXIT_ERROR
-
-
-def needs_action(name, known):
-    """The handler of a command group run without its action (``image`` alone): a bad_input error."""
-    def handler(args, out):
-        raise AgentError(BAD_INPUT, "%s needs an action (known: %s)" % (name, ", ".join(known)))
-    return handler

@@ -41,19 +41,25 @@ import signal
 import subprocess
 import time
 
-from .paths import store_dir
+from . import runtime
+from .cli import STORE, arg, command, group
+from .files import runtime_dir, store_dir
 from .protocol import ADDRESS_IN_USE, NOT_RETRYABLE, RETRYABLE, AgentError
 from .rayargs import (ALIVE_WAIT, ALREADY_WAIT, DEFAULT_PORT, START_TIMEOUT, STATUS_LOOKUP,
                       STATUS_SLACK, build_address, check_temp_dir, head_start_argv, join_argv,
                       parse_host_port, parse_ip, parse_num_gpus, parse_port, parse_resources,
                       parse_status_output, ray_env, status_argv, status_env, summarize_failure,
                       summarize_nodes, temp_dir)
-from .rayproc import (Lock, check_local_address, check_reachable, local_node, node_from_processes,
-                      port_holder_message, ray_processes, read_record, read_tail, resolve_head,
-                      signal_quietly, start_failure, stop_locked, stop_processes, write_record)
-from .runtime import runtime_dir
+from .rayproc import (check_local_address, check_reachable, local_node, node_from_processes,
+                      port_holder_message, ray_lock, ray_processes, read_record, read_tail,
+                      resolve_head, signal_quietly, start_failure, stop_locked, stop_processes,
+                      write_record)
 
-ACTIONS = ("start-head", "join", "status", "stop", "reach")
+group("ray", help="Ray on this machine")
+HEAD = arg("--head", required=True, metavar="ADDR:PORT", help="the head's GCS address")
+ADDRESS = arg("--address", required=True, metavar="ADDR", help="this machine's address for Ray")
+NODE = [arg("--num-gpus", required=True, metavar="N", help="GPUs this node offers"),
+        arg("--resources", metavar="JSON", help="custom resources, e.g. '{\"h100\": 8}'"), STORE]
 
 
 # ------------------------------------------------------------------ running Ray
@@ -203,8 +209,6 @@ def _node_setup(args, address: str) -> tuple:
     """What ``start-head`` and ``join`` check alike before touching Ray: the GPUs and resources
     asked for, the store, a started runtime, Ray's temp directory, and ADDR being this machine's.
     Returns ``(num_gpus, resources, store, driver, temp)``."""
-    from . import runtime
-
     num_gpus = parse_num_gpus(args.num_gpus)
     resources = parse_resources(args.resources)
     store = store_dir(args.store)
@@ -214,6 +218,8 @@ def _node_setup(args, address: str) -> tuple:
     return num_gpus, resources, store, driver, temp
 
 
+@command("ray", "start-head", args=[
+    ADDRESS, arg("--port", default=DEFAULT_PORT, metavar="PORT", help="the GCS port (default 6379)")] + NODE)
 def cmd_start_head(args, out) -> int:
     """``ray start-head --address ADDR [--port 6379] --num-gpus N [--resources JSON]``.
 
@@ -229,7 +235,7 @@ def cmd_start_head(args, out) -> int:
     port = parse_port(args.port)
     num_gpus, resources, store, driver, temp = _node_setup(args, address)
     gcs = build_address(address, port)
-    with Lock(store):
+    with ray_lock(store):
         already = _existing(driver, store, out,
                             lambda node: node["head"] and node["gcs_address"] == gcs
                             and node["node_ip"] == address,
@@ -255,6 +261,7 @@ def cmd_start_head(args, out) -> int:
                       timings=timings)
 
 
+@command("ray", "join", args=[HEAD, ADDRESS] + NODE)
 def cmd_join(args, out) -> int:
     """``ray join --head ADDR:PORT --address ADDR --num-gpus N [--resources JSON]``.
 
@@ -268,7 +275,7 @@ def cmd_join(args, out) -> int:
     address = parse_ip(args.address)
     num_gpus, resources, store, driver, temp = _node_setup(args, address)
     head = build_address(resolve_head(host), port)
-    with Lock(store):
+    with ray_lock(store):
         already = _existing(driver, store, out,
                             lambda node: not node["head"] and node["gcs_address"] == head
                             and node["node_ip"] == address,
@@ -290,6 +297,7 @@ def cmd_join(args, out) -> int:
                       seconds=round(time.monotonic() - started, 3), timings=timings)
 
 
+@command("ray", "status", args=[HEAD, STORE])
 def cmd_status(args, out) -> int:
     """``ray status --head ADDR:PORT``: the cluster's nodes, as Ray reports them.
 
@@ -299,8 +307,6 @@ def cmd_status(args, out) -> int:
     nodes), "seconds"}``.  Errors: ``unreachable`` (nothing answers at the
     head), ``not_retryable`` (no node of that cluster here), ``retryable``.
     """
-    from . import runtime
-
     started = time.monotonic()
     host, port = parse_host_port(args.head)
     store = store_dir(args.store)
@@ -322,6 +328,7 @@ def cmd_status(args, out) -> int:
                       **summarize_nodes(nodes))
 
 
+@command("ray", "stop", args=[STORE])
 def cmd_stop(args, out) -> int:
     """``ray stop``: stop this machine's Ray (SIGTERM, raylet first; SIGKILL after 2 s).
 
@@ -332,6 +339,7 @@ def cmd_stop(args, out) -> int:
     return out.result(**stop_locked(store, out))
 
 
+@command("ray", "reach", args=[HEAD])
 def cmd_reach(args, out) -> int:
     """``ray reach --head ADDR:PORT``: the head's GCS answers a TCP connect from here.
 
@@ -341,43 +349,3 @@ def cmd_reach(args, out) -> int:
     host, port = parse_host_port(args.head)
     check_reachable(host, port)
     return out.result(head=build_address(resolve_head(host), port), seconds=round(time.monotonic() - started, 3))
-
-
-# ------------------------------------------------------------------ the command line
-
-
-def add_commands(sub, parser_class) -> None:
-    """Add ``ray start-head|join|status|stop|reach`` (each parser sets ``handler``)."""
-    from .protocol import needs_action
-
-    ray = sub.add_parser("ray", help="Ray on this machine", allow_abbrev=False)
-    ray.set_defaults(handler=needs_action("ray", ACTIONS))
-    actions = ray.add_subparsers(dest="ray_action", metavar="ACTION", parser_class=parser_class)
-
-    head = actions.add_parser("start-head", help="start the Ray head", allow_abbrev=False)
-    head.add_argument("--address", required=True, metavar="ADDR", help="this machine's address for Ray")
-    head.add_argument("--port", default=DEFAULT_PORT, metavar="PORT", help="the GCS port (default 6379)")
-    head.set_defaults(handler=cmd_start_head)
-
-    join = actions.add_parser("join", help="join a Ray cluster", allow_abbrev=False)
-    join.add_argument("--head", required=True, metavar="ADDR:PORT", help="the head's GCS address")
-    join.add_argument("--address", required=True, metavar="ADDR", help="this machine's address for Ray")
-    join.set_defaults(handler=cmd_join)
-
-    for parser in (head, join):
-        parser.add_argument("--num-gpus", required=True, metavar="N", help="GPUs this node offers")
-        parser.add_argument("--resources", metavar="JSON", help="custom resources, e.g. '{\"h100\": 8}'")
-
-    status = actions.add_parser("status", help="the cluster's nodes, from Ray", allow_abbrev=False)
-    status.add_argument("--head", required=True, metavar="ADDR:PORT", help="the head's GCS address")
-    status.set_defaults(handler=cmd_status)
-
-    stop = actions.add_parser("stop", help="stop Ray on this machine", allow_abbrev=False)
-    stop.set_defaults(handler=cmd_stop)
-
-    reach = actions.add_parser("reach", help="can this machine reach the head's GCS", allow_abbrev=False)
-    reach.add_argument("--head", required=True, metavar="ADDR:PORT", help="the head's GCS address")
-    reach.set_defaults(handler=cmd_reach)
-
-    for parser in (head, join, status, stop):
-        parser.add_argument("--store", metavar="PATH", help="store directory (default: the machine's)")

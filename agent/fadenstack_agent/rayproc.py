@@ -11,11 +11,10 @@ import signal
 import socket
 import time
 
-from . import daemon
+from .files import Locked, read_json, runtime_dir, write_json
 from .protocol import ADDRESS_IN_USE, NOT_RETRYABLE, RETRYABLE, UNREACHABLE, AgentError
 from .rayargs import (CONNECT_TIMEOUT, LOCK_WAIT, START_TIMEOUT, STOP_GRACE, build_address,
                       in_use_words, port_taken_in_logs, summarize_failure, temp_dir)
-from .runtime import read_json, runtime_dir, write_json
 
 
 # ------------------------------------------------------------------ this machine's Ray processes
@@ -232,24 +231,11 @@ def write_record(store: str, **fields) -> dict:
     return data
 
 
-class Lock:
-    """One Ray-changing command at a time on a machine (``<store>/runtime/ray.lock``)."""
-
-    def __init__(self, store: str, wait: float = LOCK_WAIT):
-        self.path = os.path.join(runtime_dir(store), "ray.lock")
-        self.wait = wait
-        self.fd = None
-
-    def __enter__(self):
-        os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
-        self.fd = daemon.lock_waiting(self.path, self.wait)
-        if self.fd is None:
-            raise AgentError(RETRYABLE, "another ray command has been running on this machine for %d s"
-                             % self.wait)
-        return self
-
-    def __exit__(self, *exc):
-        daemon.unlock(self.fd)
+def ray_lock(store: str, wait: float = LOCK_WAIT) -> Locked:
+    """``with ray_lock(store):`` one Ray-changing command at a time on a machine
+    (``<store>/runtime/ray.lock``)."""
+    return Locked(os.path.join(runtime_dir(store), "ray.lock"), wait,
+                  "another ray command has been running on this machine for %d s" % wait)
 
 
 def stop_processes(store: str, out=None) -> dict:
@@ -278,7 +264,7 @@ def stop_processes(store: str, out=None) -> dict:
 
 
 def stop_locked(store: str, out=None) -> dict:
-    with Lock(store):
+    with ray_lock(store):
         return stop_processes(store, out)
 
 

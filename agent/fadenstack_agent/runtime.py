@@ -1,6 +1,6 @@
 """``runtime start|stop|status``: the container that runs Ray and the engine.
 
-The machine config (``/etc/fadenstack/agent.json``, see ``paths``) names the
+The machine config (``/etc/fadenstack/agent.json``, see ``files``) names the
 runtime driver:
 
 - ``process`` (the lab's): the "container" is a process tree started from a
@@ -29,48 +29,28 @@ Files under ``<store>/runtime``: ``loaded.json`` (``image load``),
 (module ``ray``), ``ray-start.log`` (the output of the last ``ray start``).
 """
 
-import json
 import os
-import re
 import time
 
-from .paths import atomic_write, load_machine_config, store_dir
-from .protocol import BAD_INPUT, NOT_RETRYABLE, AgentError, needs_action
+from . import rayargs, rayproc
+from .blobstore import check_digest
+from .cli import STORE, arg, command, group
+from .files import load_machine_config, read_json, runtime_dir, store_dir, write_json
+from .image import read_loaded
+from .protocol import NOT_RETRYABLE, AgentError
 
-ACTIONS = ("start", "stop", "status")
-DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
 NO_RUNTIME = "No container runtime on this machine: install Docker or Podman"
 FUTURE_DRIVERS = ("docker", "podman")
+
+
+group("runtime", help="the container that runs Ray")
 
 
 # ------------------------------------------------------------------ files
 
 
-def runtime_dir(store: str) -> str:
-    return os.path.join(store, "runtime")
-
-
-def loaded_path(store: str) -> str:
-    return os.path.join(runtime_dir(store), "loaded.json")
-
-
 def state_path(store: str) -> str:
     return os.path.join(runtime_dir(store), "state.json")
-
-
-def read_json(path: str):
-    """A JSON object from ``path``; None when absent or unreadable as one."""
-    try:
-        with open(path, "r", encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def write_json(path: str, data: dict) -> None:
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    atomic_write(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"), 0o644)
 
 
 def read_state(store: str) -> dict:
@@ -162,16 +142,11 @@ def require_started(store: str, config=None):
     return driver
 
 
-def check_digest(value: str) -> str:
-    value = (value or "").strip().lower()
-    if not DIGEST_RE.match(value):
-        raise AgentError(BAD_INPUT, "--digest must be the image's sha256 (64 hex digits), got %r" % (value,))
-    return value
-
-
 # ------------------------------------------------------------------ commands
 
 
+@command("runtime", "start", args=[
+    STORE, arg("--digest", required=True, metavar="SHA256", help="the loaded runtime image's sha256")])
 def cmd_start(args, out) -> int:
     """``runtime start --digest D [--store PATH]``: start the runtime of the
     loaded image D.  With the process driver that records it as started (Ray
@@ -181,13 +156,11 @@ def cmd_start(args, out) -> int:
     "replaced": previous digest | null}``.  Errors: no driver, or the driver's
     executables missing, or D not the loaded image -> ``not_retryable``.
     """
-    from . import rayargs, rayproc
-
     digest = check_digest(args.digest)
     store = store_dir(args.store)
     driver = load_driver()
     driver.check()
-    loaded = read_json(loaded_path(store))
+    loaded = read_loaded(store)
     if not loaded or not loaded.get("digest"):
         raise AgentError(NOT_RETRYABLE, "No runtime image is loaded on this machine: run `image load "
                                         "--digest %s` first" % digest)
@@ -216,14 +189,13 @@ def cmd_start(args, out) -> int:
                       replaced=replaced)
 
 
+@command("runtime", "stop", args=[STORE])
 def cmd_stop(args, out) -> int:
     """``runtime stop [--store PATH]``: stop Ray (as ``ray stop``) and the runtime.
 
     Result: ``{"stopped": true, "was_started": bool, "digest", "ray": {the
     result of ray stop}}``.  Running it again is a no-op.
     """
-    from . import rayproc
-
     store = store_dir(args.store)
     ray_result = rayproc.stop_locked(store, out)
     state = read_state(store)
@@ -234,6 +206,7 @@ def cmd_stop(args, out) -> int:
     return out.result(stopped=True, was_started=was_started, digest=state.get("digest"), ray=ray_result)
 
 
+@command("runtime", "status", args=[STORE])
 def cmd_status(args, out) -> int:
     """``runtime status [--store PATH]``: the runtime and the Ray node it runs.
 
@@ -242,35 +215,14 @@ def cmd_status(args, out) -> int:
     "loaded_digest", "ray": {"running", "role", "address", "gcs_address",
     "node_id", "pids"}}`` (from the local processes; ``ray status`` asks Ray).
     """
-    from . import rayproc
-
     store = store_dir(args.store)
     try:
         driver, problem = load_driver().describe(), None
     except AgentError as exc:
         driver, problem = None, exc.message
     state = read_state(store)
-    loaded = read_json(loaded_path(store)) or {}
+    loaded = read_loaded(store)
     return out.result(driver=driver, driver_error=problem, state=state.get("state") or "none",
                       digest=state.get("digest"), manifest=state.get("manifest"),
                       started_at=state.get("started_at"), loaded_digest=loaded.get("digest"),
                       ray=rayproc.local_summary(store))
-
-
-# ------------------------------------------------------------------ the command line
-
-
-def add_commands(sub, parser_class) -> None:
-    """Add ``runtime start|stop|status`` (each parser sets ``handler``)."""
-    runtime = sub.add_parser("runtime", help="the container that runs Ray", allow_abbrev=False)
-    runtime.set_defaults(handler=needs_action("runtime", ACTIONS))
-    actions = runtime.add_subparsers(dest="runtime_action", metavar="ACTION", parser_class=parser_class)
-    for name, handler, text in (("start", cmd_start, "start the runtime of the loaded image"),
-                                ("stop", cmd_stop, "stop Ray and the runtime"),
-                                ("status", cmd_status, "the runtime's state")):
-        parser = actions.add_parser(name, help=text, allow_abbrev=False)
-        parser.add_argument("--store", metavar="PATH", help="store directory (default: the machine's)")
-        if name == "start":
-            parser.add_argument("--digest", required=True, metavar="SHA256",
-                                help="the loaded runtime image's sha256")
-        parser.set_defaults(handler=handler)

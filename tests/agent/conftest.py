@@ -3,7 +3,9 @@
 import glob
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -40,3 +42,26 @@ def agent_dir():
 @pytest.fixture
 def fixtures_dir():
     return FIXTURES
+
+
+@pytest.fixture
+def small_fs():
+    """Mount a tmpfs of the given MiB (root only); skipped otherwise."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    mounted = []
+
+    def make(mib):
+        path = tempfile.mkdtemp(prefix="faden-small-")
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dm" % mib, "tmpfs", path],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        if proc.returncode:
+            os.rmdir(path)
+            pytest.skip("cannot mount a tmpfs here: %s" % proc.stdout.decode().strip())
+        mounted.append(path)
+        return path
+
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", path])
+        os.rmdir(path)

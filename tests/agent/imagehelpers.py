@@ -1,6 +1,6 @@
-"""Helpers for the image and probe tests: machines (a home and a store each),
-agent runs as subprocesses, a test image, and a TCP proxy that can cut or
-slow a connection."""
+"""Helpers for the blob, image and probe tests: machines (a home and a store
+each), agent runs as subprocesses, a test image, and a TCP proxy that can cut
+or slow a connection."""
 
 import hashlib
 import io
@@ -77,12 +77,17 @@ class Machine:
     def start(self, args, stdin=None):
         return Running(self, args, stdin)
 
-    def img(self, digest):
-        return os.path.join(self.store, "images", digest + ".img")
+    def blob(self, digest):
+        """Where the store keeps a finished blob."""
+        return os.path.join(self.store, "blobs", digest)
 
-    def image_files(self):
-        d = os.path.join(self.store, "images")
+    img = blob          # a runtime image is a blob
+
+    def blob_files(self):
+        d = os.path.join(self.store, "blobs")
         return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+    image_files = blob_files
 
     def serve(self, *extra):
         code, events = self.run(["image", "serve", "start", "--bind", "127.0.0.1", "--port", "0"] + list(extra))
@@ -90,15 +95,15 @@ class Machine:
         self.port = events[-1]["port"]
         return events[-1]
 
-    def url(self, digest):
-        return "http://127.0.0.1:%d/images/%s" % (self.port, digest)
+    def url(self, digest, path="images"):
+        return "http://127.0.0.1:%d/%s/%s" % (self.port, path, digest)
 
     def stop(self):
         self.run(["image", "serve", "stop"])
 
     def hold(self, image, data=None):
-        os.makedirs(os.path.join(self.store, "images"), exist_ok=True)
-        with open(self.img(image["digest"]), "wb") as fh:
+        os.makedirs(os.path.join(self.store, "blobs"), exist_ok=True)
+        with open(self.blob(image["digest"]), "wb") as fh:
             fh.write(image["data"] if data is None else data)
 
 
@@ -155,8 +160,8 @@ class Proxy:
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def url(self, digest):
-        return "http://127.0.0.1:%d/images/%s" % (self.port, digest)
+    def url(self, digest, path="images"):
+        return "http://127.0.0.1:%d/%s/%s" % (self.port, path, digest)
 
     def _accept(self):
         while not self.closed:

@@ -7,8 +7,6 @@ import http.server
 import json
 import os
 import re
-import subprocess
-import tempfile
 import threading
 import time
 
@@ -62,10 +60,11 @@ def test_fetch_from_another_machines_server(machines, image):
     assert code == 0
     assert res["path"] == b.img(image["digest"]) and sha256_file(res["path"]) == image["digest"]
     assert res["bytes_fetched"] == image["size"] and res["resumed_from"] == 0
-    assert b.image_files() == [image["digest"] + ".img"]            # no .part, no state left
+    assert b.image_files() == [image["digest"]]                      # no .part, no state left
     progress = [e for e in events if e["event"] == "progress"]
-    assert progress and set(progress[0]) == {"event", "bytes", "total", "rate", "resumed_at"}
+    assert progress and set(progress[0]) == {"event", "digest", "bytes", "total", "rate", "resumed_at"}
     assert all(p["total"] == image["size"] and 0 < p["bytes"] <= image["size"] for p in progress)
+    assert {p["digest"] for p in progress} == {image["digest"]}
 
     code, events = b.run(["image", "fetch"], stdin=spec_for(image, a.url(image["digest"])))
     assert code == 0 and result_of(events)["bytes_fetched"] == 0 and events[-1]["already_complete"]
@@ -183,7 +182,7 @@ def test_an_unreachable_source_leaves_a_resumable_partial_copy(machines, image):
     assert "at byte %d" % (12 * MiB) in events[-1]["message"]
     d = image["digest"]
     assert b.image_files() == [d + ".part", d + ".state.json"]
-    with open(os.path.join(b.store, "images", d + ".state.json")) as fh:
+    with open(os.path.join(b.store, "blobs", d + ".state.json")) as fh:
         state = json.load(fh)
     assert state["verified_chunks"] == 12 and state["size"] == image["size"]
 
@@ -192,29 +191,6 @@ def test_an_unreachable_source_leaves_a_resumable_partial_copy(machines, image):
     assert res["resumed_from"] == 12 * MiB and res["bytes_fetched"] == image["size"] - 12 * MiB
     assert [e["resumed_at"] for e in events if e["event"] == "progress"][0] == 12 * MiB
     assert sha256_file(b.img(d)) == d
-
-
-@pytest.fixture
-def small_fs():
-    """Mount a tmpfs of the given MiB (root only); skipped otherwise."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small file system needs root")
-    mounted = []
-
-    def make(mib):
-        path = tempfile.mkdtemp(prefix="faden-small-")
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dm" % mib, "tmpfs", path],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        if proc.returncode:
-            os.rmdir(path)
-            pytest.skip("cannot mount a tmpfs here: %s" % proc.stdout.decode().strip())
-        mounted.append(path)
-        return path
-
-    yield make
-    for path in mounted:
-        subprocess.run(["umount", path])
-        os.rmdir(path)
 
 
 def test_no_room_writes_nothing(machines, image, small_fs):
@@ -362,7 +338,7 @@ def test_server_ranges_errors_and_token(machines, image, tmp_path):
 def test_server_sends_only_verified_bytes_and_waits_for_more(machines, image):
     a = machines("a")
     d, chunk = image["digest"], image["chunk_size"]
-    images = os.path.join(a.store, "images")
+    images = os.path.join(a.store, "blobs")
     os.makedirs(images)
     with open(os.path.join(images, d + ".part"), "wb") as fh:
         fh.write(image["data"][:2 * chunk] + b"\xee" * chunk)        # chunk 2 not verified yet

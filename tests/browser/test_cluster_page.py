@@ -53,7 +53,8 @@ def gpu_room(console, settings, lab, lab_dir, lab_machine):
         with remote.connect(machine_target(machine)) as conn:
             remote.run_agent(conn, machine.agent_command("runtime", "stop"), timeout=60)
             remote.run_agent(conn, machine.agent_command("image", "serve", "stop"), timeout=60)
-            remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/images", "/var/lib/fadenstack/runtime"])
+            remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/blobs", "/var/lib/fadenstack/images",
+                              "/var/lib/fadenstack/runtime"])
 
 
 def member_row(page, name: str):

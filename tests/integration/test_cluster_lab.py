@@ -54,7 +54,8 @@ def enrolled(lab_machine, console_url, lab_images):
         with remote.connect(machine_target(machine)) as conn:
             remote.run_agent(conn, machine.agent_command("ray", "stop"), timeout=60)
             remote.run_agent(conn, machine.agent_command("image", "serve", "stop"), timeout=60)
-            remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/images", "/var/lib/fadenstack/runtime"])
+            remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/blobs", "/var/lib/fadenstack/images",
+                              "/var/lib/fadenstack/runtime"])
 
 
 def ray_nodes(head: Machine, address: str) -> list[dict]:
@@ -127,8 +128,9 @@ def test_a_machine_without_room_says_how_much_is_needed_and_writes_nothing(enrol
     assert cluster.state == ClusterState.WAITING
     assert "Needs" in cluster.state_reason and "free in /var/lib/fadenstack" in cluster.state_reason
     with remote.connect(machine_target(c)) as conn:
-        listing = remote.run(conn, ["ls", "-A", "/var/lib/fadenstack/images"]).stdout
-    assert ".part" not in listing and ".img" not in listing
+        listing = remote.run(conn, ["ls", "-A", "/var/lib/fadenstack/blobs"]).stdout
+    # Neither <digest>.part nor a finished <digest> (the agent's store since 0.2).
+    assert ".part" not in listing and not [name for name in listing.split() if len(name) == 64]
 
 
 def test_a_port_taken_waits_for_try_again_which_succeeds_once_it_is_freed(enrolled):

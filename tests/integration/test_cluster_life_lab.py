@@ -60,7 +60,8 @@ def enrolled(console, lab_machine, lab_images):
         with remote.connect(machine_target(machine)) as conn:
             remote.run_agent(conn, machine.agent_command("runtime", "stop"), timeout=60)
             remote.run_agent(conn, machine.agent_command("image", "serve", "stop"), timeout=60)
-            remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/images", "/var/lib/fadenstack/runtime"])
+            remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/blobs", "/var/lib/fadenstack/images",
+                              "/var/lib/fadenstack/runtime"])
 
 
 def ray_runs_on(machine: Machine) -> bool:

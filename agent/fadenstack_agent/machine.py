@@ -1,30 +1,21 @@
-"""The small commands: ``version``, ``facts`` and ``uninstall``."""
+"""``version`` and ``uninstall``: the agent as installed on this machine."""
 
 import os
 
 from . import get_version, install
-from .facts import collect_facts
-from .heartbeat import _Locked, stop_daemon
-from .paths import Layout, store_dir
+from .cli import command
+from .files import Layout, store_dir
+from .heartbeat import heartbeat_daemon
 from .protocol import AgentError
 
 
+@command("version")
 def cmd_version(args, out) -> int:
-    """``version``: the agent's version.  Result: ``{"version": "0.1.0"}``."""
+    """``version``: the agent's version.  Result: ``{"version": "0.2.0"}``."""
     return out.result(version=get_version())
 
 
-def cmd_facts(args, out) -> int:
-    """``facts [--store PATH]``: what this machine is.
-
-    Result: ``{"facts": {"agent_version", "hostname", "arch", "cpu_count",
-    "memory_mib", "kernel", "os", "store": {"path", "free_bytes",
-    "total_bytes"}, "accelerators": [...], "interfaces": [...],
-    "container_runtime": {"name", "version"} | null, "warnings": [...]}}``.
-    """
-    return out.result(facts=collect_facts(store=args.store))
-
-
+@command("uninstall")
 def cmd_uninstall(args, out) -> int:
     """``uninstall``: stop the heartbeat, remove the boot hooks (autostart hook,
     systemd unit), ``<home>/agent`` and the heartbeat files; the store stays.
@@ -33,12 +24,13 @@ def cmd_uninstall(args, out) -> int:
     [paths], "kept": [store path]}``.  Running it again is a no-op.
     """
     layout = Layout()
+    heartbeat = heartbeat_daemon(layout.home)
     stopped = None
     removed = []
     if os.path.isdir(layout.home):
-        with _Locked(layout):
-            stopped = stop_daemon(layout)
-            removed = install.remove_installation(layout, out.log)
+        with heartbeat.control():
+            stopped = heartbeat.stop()
+            removed = install.remove_installation(layout, out.log, heartbeat.files())
     else:
         removed = install.remove_systemd(layout, out.log)
     try:

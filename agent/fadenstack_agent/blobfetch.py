@@ -1,10 +1,11 @@
-"""The HTTP client behind ``image fetch``: range requests from the last
-verified chunk, chunk-by-chunk sha256 checks, resume after a cut, a
-whole-file digest check at the end.
+"""The HTTP client behind ``blob fetch`` (and ``image fetch``): a room check
+before anything is written, range requests from the last verified chunk,
+chunk-by-chunk sha256 checks, resume after a cut, a whole-file digest check
+at the end.
 
 Only verified chunks are ever written to ``<digest>.part``, and the state file
-is rewritten after each one, so the local ``image serve`` can forward them
-while the rest is still arriving.
+is rewritten after each one, so the local blob server can forward them while
+the rest is still arriving.
 """
 
 import errno
@@ -17,7 +18,8 @@ import time
 import urllib.parse
 
 from . import get_version
-from .imagestore import ImageFiles, free_bytes, human, read_state, write_state
+from .blobstore import BlobFiles, adopt_old_images, write_state
+from .files import free_bytes, fsync_dir, human, read_json, remove_quietly
 from .protocol import NO_ROOM, NOT_RETRYABLE, RETRYABLE, UNREACHABLE, AgentError
 
 CONNECT_TIMEOUT = 10.0
@@ -43,13 +45,16 @@ def _hashes_id(hashes) -> str:
 
 
 class Fetch:
-    """One ``image fetch`` run: ``Fetch(spec, store, out).run()`` -> result dict."""
+    """One fetch of a blob: ``Fetch(spec, store, out).run()`` -> result dict.
 
-    def __init__(self, spec: dict, store: str, out):
+    ``what`` names the file in the messages ("the runtime image")."""
+
+    def __init__(self, spec: dict, store: str, out, what=None):
         self.spec, self.out = spec, out
         self.digest, self.size, self.chunk = spec["digest"], spec["size"], spec["chunk_size"]
         self.hashes = spec["chunk_hashes"]
-        self.files = ImageFiles(store, self.digest)
+        self.what = what or "the file %s" % self.digest[:12]
+        self.files = BlobFiles(store, self.digest)
         parts = urllib.parse.urlsplit(spec["url"])
         self.https = parts.scheme == "https"
         self.host, self.port = parts.hostname, parts.port
@@ -69,6 +74,7 @@ class Fetch:
     # -------------------------------------------------------------- top level
 
     def run(self) -> dict:
+        adopt_old_images(self.files.store)
         done = self._already_here()
         if done:
             return done
@@ -80,8 +86,7 @@ class Fetch:
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
-                raise AgentError(RETRYABLE, "another `image fetch` of %s is running on this machine"
-                                 % self.digest[:12])
+                raise AgentError(RETRYABLE, "another fetch of %s is running on this machine" % self.what)
             done = self._already_here(drop_empty_part=True)
             if done:
                 return done
@@ -93,16 +98,16 @@ class Fetch:
 
     def _already_here(self, drop_empty_part=False):
         try:
-            size = os.stat(self.files.img).st_size
+            size = os.stat(self.files.path).st_size
         except OSError:
             return None
         if size != self.size:
-            self.out.log("%s has %d bytes, not %d: fetching it again" % (self.files.img, size, self.size))
-            os.unlink(self.files.img)
+            self.out.log("%s has %d bytes, not %d: fetching it again" % (self.files.path, size, self.size))
+            os.unlink(self.files.path)
             return None
         if drop_empty_part and os.fstat(self.fd).st_size == 0 and not os.path.exists(self.files.state):
             os.unlink(self.files.part)
-        return {"path": self.files.img, "digest": self.digest, "size": self.size, "bytes_fetched": 0,
+        return {"path": self.files.path, "digest": self.digest, "size": self.size, "bytes_fetched": 0,
                 "resumed_from": self.size, "seconds": 0.0, "rate": 0, "already_complete": True}
 
     def _check_room(self) -> None:
@@ -114,8 +119,8 @@ class Fetch:
         free = free_bytes(self.files.dir)
         if need > free:
             here = " (%s of its %s are already here)" % (human(have), human(self.size)) if have else ""
-            raise AgentError(NO_ROOM, "Needs %s free in %s for the runtime image%s; %s are free."
-                             % (human(need), self.files.store, here, human(free)))
+            raise AgentError(NO_ROOM, "Needs %s free in %s for %s%s; %s are free."
+                             % (human(need), self.files.store, self.what, here, human(free)))
 
     def _state(self) -> dict:
         return {"digest": self.digest, "size": self.size, "chunk_size": self.chunk,
@@ -134,17 +139,17 @@ class Fetch:
 
     def _write_error(self, exc) -> AgentError:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return AgentError(NO_ROOM, "The store %s ran out of room after %s of the runtime image; %s "
-                                       "are free. The %s verified so far are kept for a later fetch."
-                              % (self.files.store, human(self._done()), human(free_bytes(self.files.dir)),
-                                 human(self._done())))
+            return AgentError(NO_ROOM, "The store %s ran out of room after %s of %s; %s are free. "
+                                       "The %s verified so far are kept for a later fetch."
+                              % (self.files.store, human(self._done()), self.what,
+                                 human(free_bytes(self.files.dir)), human(self._done())))
         return AgentError(RETRYABLE, "cannot write %s: %s" % (self.files.part, exc.strerror or exc))
 
     # -------------------------------------------------------------- resume
 
     def _resume(self) -> None:
         """Trust the chunks the state file lists, after hashing them again."""
-        state = read_state(self.files.state) or {}
+        state = read_json(self.files.state) or {}
         trusted = 0
         if all(state.get(k) == v for k, v in (("digest", self.digest), ("size", self.size),
                                               ("chunk_size", self.chunk),
@@ -180,10 +185,10 @@ class Fetch:
                 continue
             if now + pause - since > self.spec["retry_seconds"]:
                 if last_error is not None and last_error.status == 404:
-                    raise AgentError(NOT_RETRYABLE, "%s does not hold the image (HTTP 404 for %d s)"
-                                     % (self.where, now - since))
-                raise AgentError(UNREACHABLE, "could not get the image from %s for %d s (at byte %d of %d): %s"
-                                 % (self.where, now - since, self._done(), self.size, last_error))
+                    raise AgentError(NOT_RETRYABLE, "%s does not hold %s (HTTP 404 for %d s)"
+                                     % (self.where, self.what, now - since))
+                raise AgentError(UNREACHABLE, "could not get %s from %s for %d s (at byte %d of %d): %s"
+                                 % (self.what, self.where, now - since, self._done(), self.size, last_error))
             self.out.log("source %s: %s; trying again from byte %d in %.2f s"
                          % (self.where, last_error, self._done(), pause))
             time.sleep(pause)
@@ -205,7 +210,7 @@ class Fetch:
         again at once (the window is done, or a chunk failed its hash).
 
         Bounded windows, not ``bytes=start-``: a web server without backpressure
-        (Daphne) would otherwise queue the whole rest of the image in memory
+        (Daphne) would otherwise queue the whole rest of the file in memory
         for a slow reader."""
         start = self._done()
         end_chunk = min(len(self.hashes), self.verified + max(1, WINDOW_BYTES // self.chunk))
@@ -253,14 +258,14 @@ class Fetch:
                 raise AgentError(NOT_RETRYABLE, "%s answered bytes %r to a request from byte %d"
                                  % (self.where, resp.getheader("Content-Range"), start))
             if m.group(3) != "*" and int(m.group(3)) != self.size:
-                raise AgentError(NOT_RETRYABLE, "%s holds a file of %s bytes, not %d: another build of "
-                                                "the image" % (self.where, m.group(3), self.size))
+                raise AgentError(NOT_RETRYABLE, "%s holds a file of %s bytes, not %d: another build of %s"
+                                 % (self.where, m.group(3), self.size, self.what))
             return 0
         if status == 200:
             length = resp.getheader("Content-Length")
             if length and length.isdigit() and int(length) != self.size:
-                raise AgentError(NOT_RETRYABLE, "%s holds a file of %s bytes, not %d: another build of "
-                                                "the image" % (self.where, length, self.size))
+                raise AgentError(NOT_RETRYABLE, "%s holds a file of %s bytes, not %d: another build of %s"
+                                 % (self.where, length, self.size, self.what))
             return start
         try:
             body = resp.read(2000).decode("utf-8", "replace").strip()
@@ -270,8 +275,8 @@ class Fetch:
         if status == 404 or status == 408 or status == 429 or status >= 500:
             raise _Dropped(said, status)
         if status == 416:
-            raise AgentError(NOT_RETRYABLE, "%s has no byte %d of the image (%s): another build of the image"
-                             % (self.where, start, said))
+            raise AgentError(NOT_RETRYABLE, "%s has no byte %d of %s (%s): another build of it"
+                             % (self.where, start, self.what, said))
         if status in (401, 403):
             raise AgentError(NOT_RETRYABLE, "%s refused the request (%s)" % (self.where, said))
         raise AgentError(NOT_RETRYABLE, "%s answered %s" % (self.where, said))
@@ -300,8 +305,8 @@ class Fetch:
         now = time.monotonic()
         if now - self.last_progress >= PROGRESS_EVERY:
             self.last_progress = now
-            self.out.progress(bytes=self._done(), total=self.size, rate=self._rate(now),
-                              resumed_at=self.resumed_at)
+            self.out.progress(digest=self.digest, bytes=self._done(), total=self.size,
+                              rate=self._rate(now), resumed_at=self.resumed_at)
 
     def _rate(self, now) -> int:
         return int((self._done() - self.resumed_at) / max(now - self.started, 1e-6))
@@ -312,10 +317,7 @@ class Fetch:
         f = self.files
         if self.whole.hexdigest() != self.digest:
             for path in (f.part, f.state):
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+                remove_quietly(path)
             raise AgentError(NOT_RETRYABLE, "every chunk matched its hash but the whole file's sha256 is %s, "
                                             "not %s: the spec's chunk hashes belong to another file"
                              % (self.whole.hexdigest(), self.digest))
@@ -324,17 +326,10 @@ class Fetch:
             os.fsync(self.fd)
         except OSError as exc:
             raise self._write_error(exc)
-        os.replace(f.part, f.img)
-        try:
-            os.unlink(f.state)
-        except OSError:
-            pass
-        dfd = os.open(f.dir, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        os.replace(f.part, f.path)
+        remove_quietly(f.state)
+        fsync_dir(f.dir)
         now = time.monotonic()
-        return {"path": f.img, "digest": self.digest, "size": self.size, "bytes_fetched": self.fetched,
+        return {"path": f.path, "digest": self.digest, "size": self.size, "bytes_fetched": self.fetched,
                 "resumed_from": self.resumed_at, "seconds": round(now - self.started, 3),
                 "rate": self._rate(now)}
