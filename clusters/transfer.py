@@ -93,7 +93,7 @@ def _fetch(member: ClusterMember, file: ServerFile, source, board: ProgressBoard
         if giver.machine_id not in serving:
             raise JobError(f"{member.machine.name} waits for {file.what} from {giver.machine.name}, which is not reachable.",
                            kind="unreachable")
-        origin = FileSource(url=f"http://{giver.address}:{SERVE_PORT}/images/{spec.digest}")
+        origin = FileSource(url=f"http://{giver.address}:{SERVE_PORT}/blobs/{spec.digest}")
         label, watch = f"{giver.machine.name} ({giver.address})", (member.machine_id, giver.machine_id)
     Transfer.objects.update_or_create(member=member, digest=spec.digest,
                                       defaults={"what": file.what, "source": label, "bytes_total": spec.size})

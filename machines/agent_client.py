@@ -152,15 +152,15 @@ class Agent:
         left; the bytes that crossed the network (resends included)."""
         body = {"digest": spec.digest, "size": spec.size, "chunk_size": spec.chunk_size, "chunk_hashes": spec.chunk_hashes,
                 "source": {"url": source.url, **({"token": source.token} if source.token else {})}}
-        result = self._call("image", "fetch", stdin=json.dumps(body).encode(), timeout=timeout, on_progress=on_progress, abort=abort)
+        result = self._call("blob", "fetch", stdin=json.dumps(body).encode(), timeout=timeout, on_progress=on_progress, abort=abort)
         return int(result.get("bytes_fetched", 0))
 
     def serve_start(self, *, bind: str, port: int) -> None:
         """Serve the files this machine holds to the others, on the cluster's network."""
-        self._call("image", "serve", "start", "--bind", bind, "--port", str(port), timeout=30)
+        self._call("blob", "serve", "start", "--bind", bind, "--port", str(port), timeout=30)
 
     def serve_stop(self) -> None:
-        self._call("image", "serve", "stop", timeout=60)
+        self._call("blob", "serve", "stop", timeout=60)
 
     # -- the runtime ----------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from console.choices import JobState, StepState
 from console.models import Job
+from machines.agent import agent_version
 from machines.choices import InterfaceKind, MachineState
 from machines.models import Accelerator, Machine, NetworkInterface
 
@@ -43,7 +44,7 @@ class MachineFactory(factory.django.DjangoModelFactory):
     host_key_fingerprint = factory.LazyAttribute(lambda m: fingerprint_for(m.name))
     state = MachineState.HEALTHY
     arch = "x86_64"
-    agent_version = "0.1.0"
+    agent_version = factory.LazyFunction(agent_version)
     last_seen = factory.LazyFunction(timezone.now)
 
     class Params:

@@ -17,6 +17,7 @@ from clusters.models import Cluster, ClusterMember
 from clusters.selectors import cluster_members
 from clusters.transfer import distribute
 from console.jobs import JobCancelled, JobContext, JobError
+from machines.agent import agent_version
 from machines.choices import MachineState
 
 
@@ -47,6 +48,7 @@ def _start(ctx: JobContext, cluster: Cluster, *, restart: bool) -> None:
     """The steps of a start; a step already done (a job taken up again after its worker died) is skipped."""
     members = cluster_members(cluster, accelerators=True, chunks=True)
     head = next(m for m in members if m.role == Role.HEAD)
+    _check_agents([m for m in members if m.machine.state == MachineState.HEALTHY])
     _check_images_held(members)
     usable = _drop_unusable(members, head)
     with ProgressBoard(cluster) as board:
@@ -117,6 +119,7 @@ def cluster_add_run(ctx: JobContext, *, cluster_id: int) -> None:
     new = [m for m in members if m.pk in wanted and m.state not in (MemberState.JOINED, MemberState.FAILED)]
     holders = [m for m in members if m.pk not in wanted and m.state == MemberState.JOINED]
     try:
+        _check_agents(new)
         _check_images_held(new)
         with ProgressBoard(cluster) as board:
             new = _stage(ctx, steps.REACH_HEAD, new, head, board, lambda m, b: _reach_head(m, b, head, cluster),
@@ -165,6 +168,17 @@ def cluster_rejoin_run(ctx: JobContext, *, cluster_id: int) -> None:
     ctx.detail(f"{len(joined)} of {len(wanted)} machine(s) joined again")
     if left:
         raise JobError(reason)
+
+
+def _check_agents(members: list[ClusterMember]) -> None:
+    """Every machine runs the agent this console ships: a start uses its newest commands, and an older
+    agent would refuse them half way. Refresh facts installs it (a retry alone would not)."""
+    version = agent_version()
+    old = sorted(m.machine.name for m in members if m.machine.agent_version != version)
+    if old:
+        one = len(old) == 1
+        raise JobError(f"{', '.join(old)} {'runs' if one else 'run'} another agent than this console's {version}: "
+                       f"select Refresh facts on {'its' if one else 'their'} page, then Try again.", kind="not_retryable")
 
 
 def _check_images_held(members: list[ClusterMember]) -> None:

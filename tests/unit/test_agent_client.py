@@ -15,7 +15,7 @@ from fadenstack_agent import protocol  # noqa: E402 - the agent's package, read 
 
 
 def test_the_error_kinds_are_the_agent_s_own_list():
-    assert {kind.value for kind in AgentErrorKind} == set(protocol.KINDS)
+    assert tuple(kind.value for kind in AgentErrorKind) == protocol.ERROR_KINDS
 
 
 class Sent:
@@ -53,7 +53,8 @@ AGENT = ["/usr/bin/python3", "/opt/fadenstack/agent/a.pyz"]
     (lambda a: a.runtime_stop(), ["runtime", "stop"]),
     (lambda a: a.image_load("ab" * 32), ["image", "load", "--digest", "ab" * 32]),
     (lambda a: a.runtime_start("ab" * 32), ["runtime", "start", "--digest", "ab" * 32]),
-    (lambda a: a.serve_start(bind="198.18.1.11", port=7470), ["image", "serve", "start", "--bind", "198.18.1.11", "--port", "7470"]),
+    (lambda a: a.serve_start(bind="198.18.1.11", port=7470), ["blob", "serve", "start", "--bind", "198.18.1.11", "--port", "7470"]),
+    (lambda a: a.serve_stop(), ["blob", "serve", "stop"]),
     (lambda a: a.ray_start_head(address="198.18.1.11", port=6379, gpus=8),
      ["ray", "start-head", "--address", "198.18.1.11", "--port", "6379", "--num-gpus", "8"]),
     (lambda a: a.ray_join(head="198.18.1.11:6379", address="198.18.1.12", gpus=4),
@@ -78,11 +79,11 @@ def test_a_file_fetch_sends_its_spec_on_stdin_and_reports_progress_only(monkeypa
     seen = []
     spec = FileSpec(digest="ab" * 32, size=10, chunk_size=8, chunk_hashes=["c1", "c2"])
 
-    fetched = agent.file_fetch(spec, FileSource(url="http://198.18.1.11:7470/images/" + "ab" * 32), timeout=30, on_progress=seen.append)
+    fetched = agent.file_fetch(spec, FileSource(url="http://198.18.1.11:7470/blobs/" + "ab" * 32), timeout=30, on_progress=seen.append)
 
-    assert fetched == 10
+    assert fetched == 10 and recorder.argv == [*AGENT, "blob", "fetch"]
     assert json.loads(recorder.stdin) == {"digest": "ab" * 32, "size": 10, "chunk_size": 8, "chunk_hashes": ["c1", "c2"],
-                                          "source": {"url": "http://198.18.1.11:7470/images/" + "ab" * 32}}
+                                          "source": {"url": "http://198.18.1.11:7470/blobs/" + "ab" * 32}}
     assert "token" not in recorder.stdin.decode() and [e["event"] for e in seen] == ["progress"]
 
 

@@ -10,6 +10,7 @@ from console import live
 from console.choices import JobState
 from console.jobs import JobContext, job_create, job_run
 from console.models import Job
+from machines.models import Machine
 from tests.builders import build, cluster_of, gpu_machine
 from tests.fakes import FakeAgents
 
@@ -65,7 +66,7 @@ def test_the_image_leaves_the_server_once_and_travels_machine_to_machine(stopped
     fetched = {name: kwargs["url"] for name, method, kwargs in agents.calls if method == "file_fetch"}  # threads: any order
     digest = stopped.members.first().runtime_image.digest
     assert fetched == {"gpu-a": f"http://198.18.0.1:8000/agent/images/{digest}/",
-                       "gpu-b": f"http://198.18.1.11:7470/images/{digest}", "gpu-c": f"http://198.18.1.12:7470/images/{digest}"}
+                       "gpu-b": f"http://198.18.1.11:7470/blobs/{digest}", "gpu-c": f"http://198.18.1.12:7470/blobs/{digest}"}
     transfers = {t.member.machine.name: t for t in Transfer.objects.select_related("member__machine")}
     assert transfers["gpu-a"].source == "the server" and transfers["gpu-c"].source == "gpu-b (198.18.1.12)"
     assert all(t.complete and t.what == "the runtime image" for t in transfers.values())
@@ -105,3 +106,16 @@ def test_a_finisher_that_breaks_fails_the_job_instead_of_leaving_it_running():
 
     assert (ended.state, ended.error) == (JobState.FAILED, "Unexpected error: division by zero")
     assert Job.objects.get(pk=job.pk).state == JobState.FAILED
+
+
+def test_a_machine_with_another_agent_stops_the_start_before_anything_moves_and_says_to_refresh_it(stopped, agents):
+    Machine.objects.filter(name="gpu-b").update(agent_version="0.1.0")
+
+    job = start(stopped)
+
+    cluster = Cluster.objects.get(pk=stopped.pk)
+    assert job.state == JobState.FAILED and job.error_kind == "not_retryable"
+    assert cluster.state == ClusterState.WAITING
+    assert "gpu-b runs another agent than this console's" in cluster.state_reason
+    assert "select Refresh facts on its page, then Try again" in cluster.state_reason
+    assert agents.calls == []  # nothing reached a machine

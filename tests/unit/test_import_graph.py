@@ -15,13 +15,6 @@ import pytest
 AGENT_DIR = str(Path(__file__).resolve().parents[2] / "agent")
 PACKAGES = ["config", "console", "machines", "clusters", "deployments", "lab", "fadenstack_agent"]
 
-# Cycles known today, each removed in a branch of its own: when one lands, its xfail turns into
-# an unexpected pass (strict) and fails, and its line here goes.
-KNOWN_CYCLES = {
-    # rayproc <-> runtime: removed in the agent's branch.
-    "fadenstack_agent": "rayproc <-> runtime",
-}
-
 
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
@@ -119,15 +112,7 @@ def test_the_cycle_finder_names_a_cycle_and_ignores_a_chain():
     assert strongly_connected({"p.a": {"p.b"}, "p.b": set()}) == []
 
 
-@pytest.mark.parametrize(
-    "package",
-    [
-        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=f"known cycle: {KNOWN_CYCLES[p]}"))
-        if p in KNOWN_CYCLES
-        else p
-        for p in PACKAGES
-    ],
-)
+@pytest.mark.parametrize("package", PACKAGES)
 def test_the_modules_of_a_package_import_each_other_without_cycles(graph, package):
     edges = imports_within(graph, package)
     assert edges, f"grimp found no module of {package}"
