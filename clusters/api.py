@@ -144,6 +144,13 @@ class JoinCandidateSerializer(serializers.Serializer):
     runtime = serializers.CharField(allow_blank=True, help_text="The runtime it would run")
 
 
+class JoinCandidatePageSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="Machines the filter finds")
+    page = serializers.IntegerField()
+    pages = serializers.IntegerField()
+    results = JoinCandidateSerializer(many=True)
+
+
 class ClusterCreateSerializer(serializers.Serializer):
     name = serializers.CharField(allow_blank=True)
     machines = serializers.ListField(child=serializers.IntegerField(), allow_empty=True)
@@ -289,11 +296,20 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         page = self.paginate_queryset(checks)
         return self.get_paginated_response(HealthCheckSerializer(page, many=True).data)
 
-    @extend_schema(request=None, responses={200: JoinCandidateSerializer(many=True)})
+    @extend_schema(
+        request=None, responses={200: JoinCandidatePageSerializer},
+        parameters=[OpenApiParameter("q", str, required=False, description="Part of the machine's name"),
+                    OpenApiParameter("kind", str, required=False, description="vendor/arch (nvidia/x86_64), or none"),
+                    OpenApiParameter("state", str, required=False, description="available, or a machine state"),
+                    OpenApiParameter("page", int, required=False)],
+    )
     @action(detail=True, methods=["get"], url_path="join-candidates", pagination_class=None)
     def join_candidates(self, request, pk=None):
-        """Every machine outside the cluster and whether it may join: the page's Add machines list."""
+        """The machines outside the cluster, a page of 50 at a time by name, and whether each may join:
+        the page's Add machines list, with its filters."""
         cluster = self.get_object()
+        found = selectors.MachineFilter.from_params(request.query_params)
+        listed = selectors.machines_page(found, exclude=selectors.cluster_machine_ids(cluster))
         rows = [
             {
                 "machine": candidate.id,
@@ -309,9 +325,10 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
                 "warning": verdict.warning,
                 "runtime": verdict.runtime_label,
             }
-            for candidate, verdict in selectors.cluster_join_verdicts(cluster)
+            for candidate, verdict in selectors.cluster_join_verdicts(cluster, listed.ids)
         ]
-        return Response(JoinCandidateSerializer(rows, many=True).data)
+        return Response({"count": listed.total, "page": listed.page, "pages": listed.pages,
+                         "results": JoinCandidateSerializer(rows, many=True).data})
 
     @extend_schema(
         parameters=[OpenApiParameter("machines", str, description="Machine ids, comma separated"),

@@ -113,8 +113,9 @@ def cluster_build_by_platform(cluster: Cluster) -> dict[tuple[str, str], int]:
 
 def cluster_join_verdicts(cluster: Cluster, machine_ids=None) -> list[tuple[planning.Candidate, planning.Verdict]]:
     """Machines outside the cluster (all of them, or those named), and whether each may join (the reason when not)."""
-    everyone = candidates(machine_ids)
     head = cluster.members.filter(role=Role.HEAD).values_list("machine_id", flat=True).first()
+    # The head is looked at too: a machine of another architecture than the head's is warned about.
+    everyone = candidates(None if machine_ids is None else [*machine_ids, head])
     members = set(cluster_machine_ids(cluster))
     verdicts = policy.join_check(everyone, image_builds(), head_id=head, network=cluster.network, members=members,
                                  major=cluster.runtime_version, running=cluster_build_by_platform(cluster))

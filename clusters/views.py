@@ -15,6 +15,7 @@ from django_htmx.http import HttpResponseClientRedirect
 from clusters import pages, planning, selectors, services
 from clusters.choices import ClusterState, Role
 from clusters.models import Cluster
+from machines.choices import MachineState
 from machines.models import short_model
 
 STEPS = ["name", "machines", "network"]
@@ -53,10 +54,11 @@ def cluster_new(request):
             services.cluster_name_check(state["name"])
         except ValidationError as exc:
             context.update(step="name", name_error=exc.message_dict["name"][0])
+    found = selectors.MachineFilter.from_params(request.GET)
     if context["step"] == "machines":
-        context.update(_machines_step(state))
+        context.update(_machines_step(state, found))
     elif context["step"] == "network":
-        context.update(_machines_step(state))
+        context.update(_machines_step(state, found))
         if context["can_continue"]:
             context.update(_network_step(state))
         else:
@@ -67,20 +69,31 @@ def cluster_new(request):
     return response
 
 
-def _machines_step(state) -> dict:
-    everyone = selectors.candidates()
-    picked = [c for c in everyone if c.id in state["picked"]]
+def _machine_rows(candidates, verdicts, *, picked=(), suggested=None) -> list[dict]:
+    return [{"candidate": c, "verdict": verdicts[c.id], "picked": c.id in picked, "suggested_head": c.id == suggested,
+             "accelerators": f"{c.accelerator_count} x {short_model(c.accelerator_model)}" if c.accelerator_count else ""}
+            for c in candidates]
+
+
+def _finder(found: selectors.MachineFilter, listed: selectors.MachinePage) -> dict:
+    """What the filter bar and the pager need."""
+    return {"found": found, "listed": listed, "kinds": selectors.machine_kinds(), "machine_states": MachineState.choices}
+
+
+def _machines_step(state, found: selectors.MachineFilter) -> dict:
+    """The picked machines first, then one page of the others the filter finds: never all of them."""
+    picked = selectors.candidates(state["picked"])
+    listed = selectors.machines_page(found, exclude=state["picked"])
+    shown = selectors.candidates(listed.ids)
     head = state["head"] if state["head"] in state["picked"] else planning.suggest_head(picked)
-    verdicts = planning.pick_check(everyone, selectors.image_builds(), head_id=head)
+    verdicts = planning.pick_check([*picked, *shown], selectors.image_builds(), head_id=head)
     # A picked machine that cannot serve blocks Next until it is taken out of the selection.
     blocking = [verdicts[c.id].refusal for c in picked if not verdicts[c.id].selectable]
     suggested = planning.suggest_head(picked)
-    rows = [{"candidate": c, "verdict": verdicts[c.id], "picked": c.id in state["picked"], "suggested_head": c.id == suggested,
-             "accelerators": f"{c.accelerator_count} x {short_model(c.accelerator_model)}" if c.accelerator_count else ""}
-            for c in everyone]
     state["head"] = head
-    return {"rows": rows, "picked_candidates": picked, "blocking": blocking,
-            "can_continue": bool(picked) and not blocking, "suggested_head": suggested}
+    return {"picked_rows": _machine_rows(picked, verdicts, picked=state["picked"], suggested=suggested),
+            "rows": _machine_rows(shown, verdicts), "picked_candidates": picked, "blocking": blocking,
+            "can_continue": bool(picked) and not blocking, "suggested_head": suggested, **_finder(found, listed)}
 
 
 def _network_step(state) -> dict:
@@ -198,7 +211,7 @@ def cluster_delete(request, pk: int):
 def cluster_add(request, pk: int):
     """Add machines to a running cluster: every machine outside it, with the reason when it cannot join."""
     cluster = get_object_or_404(Cluster, pk=pk)
-    picked, errors = [], []
+    picked, errors = _ids(request.GET.getlist("machines")), []
     if request.method == "POST":
         picked = _ids(request.POST.getlist("machines"))
         try:
@@ -208,13 +221,16 @@ def cluster_add(request, pk: int):
         else:
             messages.success(request, f"{job.title}: each machine gets the runtime image, then joins Ray.")
             return redirect(cluster)
-    rows = [{"candidate": c, "verdict": v, "picked": c.id in picked,
-             "accelerators": f"{c.accelerator_count} x {short_model(c.accelerator_model)}" if c.accelerator_count else ""}
-            for c, v in selectors.cluster_join_verdicts(cluster)]
-    # The machines that can join first; machines of other clusters, the longest list, last.
-    rows.sort(key=lambda r: (not r["verdict"].selectable, r["candidate"].cluster_name is not None, r["candidate"].name))
+    found = selectors.MachineFilter.from_params(request.POST if request.method == "POST" else request.GET)
+    listed = selectors.machines_page(found, exclude=selectors.cluster_machine_ids(cluster))
+    verdicts = selectors.cluster_join_verdicts(cluster, [*picked, *listed.ids])
+    candidates, by_id = [c for c, _ in verdicts], {c.id: v for c, v in verdicts}
+    rows = _machine_rows(candidates, by_id, picked=picked)
+    # The ticked ones first, then the page the filter found.
+    rows.sort(key=lambda r: (not r["picked"], r["candidate"].name))
     cards = pages.cluster_cards(cluster)
-    context = cards | {"rows": rows, "errors": errors, "selectable": sum(1 for r in rows if r["verdict"].selectable)}
+    context = cards | {"rows": rows, "errors": errors, "selectable": sum(1 for r in rows if r["verdict"].selectable),
+                       **_finder(found, listed)}
     return render(request, "clusters/cluster_add.html", context, status=400 if errors else 200)
 
 

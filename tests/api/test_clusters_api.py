@@ -611,8 +611,10 @@ def test_join_candidates_list_every_machine_outside_the_cluster_with_whether_it_
     elsewhere = gpu_machine("gpu-d", 14, cluster_network=False)
     offline = gpu_machine("gpu-e", 15, state=MachineState.OFFLINE)
 
-    rows = {row["name"]: row for row in api_client.get(f"/api/clusters/{room.pk}/join-candidates/").json()}
+    body = api_client.get(f"/api/clusters/{room.pk}/join-candidates/").json()
+    rows = {row["name"]: row for row in body["results"]}
 
+    assert (body["count"], body["page"], body["pages"]) == (3, 1, 1)
     assert set(rows) == {"gpu-c", "gpu-d", "gpu-e"}
     assert rows["gpu-c"] == {
         "machine": ready.pk, "name": "gpu-c", "state": "healthy", "arch": "x86_64", "accelerators": 8,
@@ -623,6 +625,22 @@ def test_join_candidates_list_every_machine_outside_the_cluster_with_whether_it_
     assert rows["gpu-d"]["machine"] == elsewhere.pk and rows["gpu-d"]["address"] is None
     assert rows["gpu-d"]["refusal"] == f"gpu-d has no address on the cluster's network {NETWORK}."
     assert rows["gpu-e"]["machine"] == offline.pk and not rows["gpu-e"]["selectable"]
+
+
+def test_join_candidates_come_a_page_at_a_time_and_filter_by_name_kind_and_state(api_client, room, runtime):
+    for host in range(20, 75):
+        gpu_machine(f"spare-{host}", host)
+    gpu_machine("gpu-down", 76, state=MachineState.OFFLINE)
+    url = f"/api/clusters/{room.pk}/join-candidates/"
+
+    first, second = api_client.get(url).json(), api_client.get(url + "?page=2").json()
+    assert (first["count"], first["pages"], len(first["results"]), len(second["results"])) == (56, 2, 50, 6)
+    assert not {r["name"] for r in first["results"]} & {r["name"] for r in second["results"]}
+    assert [r["name"] for r in api_client.get(url + "?q=spare-7").json()["results"]] == [f"spare-7{i}" for i in range(5)]
+    assert [r["name"] for r in api_client.get(url + "?state=offline").json()["results"]] == ["gpu-down"]
+    assert api_client.get(url + "?kind=amd/x86_64").json()["count"] == 0
+    assert api_client.get(url + "?kind=nvidia/x86_64&state=available").json()["count"] == 55
+    assert api_client.get(url + "?page=٣").json()["page"] == 1  # not ASCII digits: the first page, not a 500
 
 
 # -- the schema -------------------------------------------------------------------------------------

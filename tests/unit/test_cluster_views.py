@@ -423,3 +423,41 @@ def test_the_list_shows_every_state_and_its_reason(admin_client, build):
     make_cluster(build, name="west", state=ClusterState.WAITING, hosts=(11,), reason="Free the port, then select Try again.")
     html = admin_client.get("/clusters/").content.decode()
     assert "Waiting" in html and "Free the port, then select Try again." in html
+
+
+# -- finding machines among many ---------------------------------------------------------------------
+
+
+def test_the_wizard_s_machine_step_shows_the_picked_machines_and_one_page_of_the_others(admin_client, build):
+    picked = gpu_machine("lab-a", 11)
+    for host in range(20, 80):
+        gpu_machine(f"spare-{host}", host)
+
+    html = admin_client.get(f"/clusters/new/?step=machines&name=gpu-room&machines={picked.pk}").content.decode()
+
+    assert html.count('name="machines"') == 1 + 50  # the picked one, then the first page of the 60 others
+    assert 'value="%d" aria-label="Pick lab-a"' % picked.pk in html
+    assert "1–50 of 60" in html and "Page 1 of 2" in html
+
+
+def test_the_wizard_finds_machines_by_name_and_keeps_the_picked_ones(admin_client, build):
+    picked = gpu_machine("lab-a", 11)
+    for host in range(20, 80):
+        gpu_machine(f"spare-{host}", host)
+
+    html = admin_client.get(f"/clusters/new/?step=machines&name=gpu-room&machines={picked.pk}&q=spare-3").content.decode()
+
+    assert re.findall(r'aria-label="Pick ([\w-]+)"', html) == ["lab-a", *(f"spare-3{i}" for i in range(10))]
+
+
+def test_add_machines_filters_by_state_and_keeps_what_was_ticked(admin_client, build):
+    cluster = make_cluster(build)
+    ticked = gpu_machine("lab-x", 40)
+    for host in range(41, 50):
+        gpu_machine(f"spare-{host}", host)
+    MachineFactory(name="lab-off", state="offline")
+
+    html = admin_client.get(f"/clusters/{cluster.pk}/add/?state=offline&machines={ticked.pk}").content.decode()
+
+    assert re.findall(r'aria-label="Add ([\w-]+)"', html) == ["lab-x", "lab-off"]
+    assert 'value="%d" aria-label="Add lab-x" checked' % ticked.pk in html
