@@ -19,7 +19,7 @@ def dashboard(request):
         "console/dashboard.html",
         {
             "summary": machine_summary(),
-            "events": MachineEvent.objects.select_related("machine")[:12],
+            "events": MachineEvent.objects.select_related("machine").defer("machine__facts")[:12],
             "jobs": Job.objects.all()[:8],
             "live_topics": "topic=machines",
         },
