@@ -342,8 +342,9 @@ def run_once(client, how: dict) -> int:
     return len(response.content)
 
 
-def measure(client, how: dict, runs: int) -> tuple[float, int, int]:
-    """Median milliseconds of ``runs`` runs, queries and bytes of one (a first run warms the caches)."""
+def measure(client, how: dict, runs: int, stat=statistics.median) -> tuple[float, int, int]:
+    """Milliseconds of ``runs`` runs (their median, or another ``stat``), queries and bytes of one
+    (a first run warms the caches)."""
     from django.db import connection
 
     queries = []
@@ -360,7 +361,7 @@ def measure(client, how: dict, runs: int) -> tuple[float, int, int]:
         started = time.perf_counter()
         run_once(client, how)
         times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times), len(queries), size
+    return stat(times), len(queries), size
 
 
 def profile(client, name: str, how: dict) -> None:
@@ -443,7 +444,9 @@ def time_pushes(count: int, machine_id: int) -> list[tuple[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10,100,1000", help="machine counts, comma separated")
-    parser.add_argument("--runs", type=int, default=5, help="timed runs of each request (the median is shown)")
+    parser.add_argument("--runs", type=int, default=5, help="timed runs of each request")
+    parser.add_argument("--stat", choices=["median", "min"], default="median",
+                        help="which of the runs to show: min is steadier on a busy host (other processes take the CPU)")
     parser.add_argument("--only", default="", help="only the requests whose name contains this")
     parser.add_argument("--profile", default="", help="profile the requests whose name contains this, at the largest size")
     parser.add_argument("--pushes", type=int, default=0, help="also time this many live pushes (needs Redis)")
@@ -455,7 +458,9 @@ def main() -> None:
     from django.test import Client
 
     db = settings.DATABASES["default"]
-    print(f"database: {db['ENGINE'].rsplit('.', 1)[-1]} {db['NAME']}; {args.runs} timed runs each, median shown")
+    stat = {"median": statistics.median, "min": min}[args.stat]
+    print(f"database: {db['ENGINE'].rsplit('.', 1)[-1]} {db['NAME']}; {args.runs} timed runs each, {args.stat} shown; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     table: dict[str, dict[int, tuple[float, int, int]]] = {}
     for n in sizes:
         started = time.perf_counter()
@@ -466,7 +471,7 @@ def main() -> None:
         for name, how in requests_for(ids):
             if args.only and args.only not in name:
                 continue
-            table.setdefault(name, {})[n] = measure(client, how, args.runs)
+            table.setdefault(name, {})[n] = measure(client, how, args.runs, stat)
             if args.profile and args.profile in name and n == sizes[-1]:
                 profile(client, name, how)
         if args.pushes and n == sizes[-1]:
