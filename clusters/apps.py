@@ -7,6 +7,8 @@ class ClustersConfig(AppConfig):
 
     def ready(self) -> None:
         from clusters import pages, services, steps
+        from clusters.pruning import health_checks_prune
+        from console.pruning import register_pruner
         from clusters.runners.start import members_abandoned, start_abandoned
         from clusters.runners.stop import stop_abandoned
         from console import live
@@ -25,6 +27,7 @@ class ClustersConfig(AppConfig):
         job_kind_register(steps.STOP.kind, task=task, resumable=True, on_failed=stop_abandoned)
         job_kind_register(steps.DELETE.kind, task=task, resumable=True, on_failed=stop_abandoned)
         job_kind_register(steps.PROBE_KIND, task="clusters.tasks.network_probe")
+        register_pruner("health checks", health_checks_prune, keep_days_setting="FADEN_KEEP_CHECKS_DAYS")
 
         def reconnected(sender, *, machine_id: int, name: str, **kwargs) -> None:
             services.cluster_machine_reconnected(machine_id=machine_id, name=name)

@@ -177,7 +177,7 @@ class HealthCheck(models.Model):
 
     class Meta:
         ordering = ["-started_at", "-pk"]
-        indexes = [models.Index(fields=["cluster", "-started_at"])]
+        indexes = [models.Index(fields=["cluster", "-started_at"]), models.Index(fields=["started_at"])]  # pages; pruning by age
 
     def __str__(self) -> str:
         return f"Check of {self.cluster} at {self.started_at:%H:%M:%S}: {self.get_outcome_display()}"

@@ -166,6 +166,12 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# Old records are pruned by age every hour (console.pruning); 0 keeps them for ever.
+FADEN_KEEP_EVENTS_DAYS = env_int("FADEN_KEEP_EVENTS_DAYS", 90)  # machine events
+FADEN_KEEP_JOBS_DAYS = env_int("FADEN_KEEP_JOBS_DAYS", 90)  # finished jobs; queued and running ones stay
+FADEN_KEEP_CHECKS_DAYS = env_int("FADEN_KEEP_CHECKS_DAYS", 7)  # clusters' health checks: about 1,440 a day each
+CELERY_BEAT_SCHEDULE["prune-old-records"] = {"task": "console.tasks.prune_old_records", "schedule": timedelta(hours=1)}
+
 # Jobs: a running job's worker beats its row; a job silent for FADEN_JOB_STALE seconds lost it.
 FADEN_JOB_BEAT = env_int("FADEN_JOB_BEAT", 5)
 FADEN_JOB_STALE = env_int("FADEN_JOB_STALE", 45)

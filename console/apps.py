@@ -7,5 +7,8 @@ class ConsoleConfig(AppConfig):
 
     def ready(self) -> None:
         from console import dashboard, views
+        from console.jobs import jobs_prune
+        from console.pruning import register_pruner
 
         dashboard.register(dashboard.Panel(name="recent-jobs", template="console/_recent_jobs.html", context=views.recent_jobs, order=30))
+        register_pruner("jobs", jobs_prune, keep_days_setting="FADEN_KEEP_JOBS_DAYS")

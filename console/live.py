@@ -11,15 +11,13 @@ truth: a page that reloads shows the same thing.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 import re
 from collections.abc import Callable
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import connection, transaction
+
+from console import pubsub
 
 log = logging.getLogger(__name__)
 
@@ -58,23 +56,11 @@ def may_see(user, topic: str) -> bool:
     return bool(parsed) and _renderers[parsed[0]][1](user, parsed[1])
 
 
-def _group_send(group: str, message: dict) -> None:
-    send = async_to_sync(get_channel_layer().group_send)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        send(group, message)
-        return
-    # Sync code running inside an event loop's thread cannot block on it: send from a helper thread.
-    sender = threading.Thread(target=send, args=(group, message))
-    sender.start()
-    sender.join()
-
-
 def push(topic: str, part: str = "") -> None:
     """Send a fresh render of the topic (or of one part of it) to its group once the transaction commits.
 
-    Several pushes of the same thing in one transaction are sent once.
+    Several pushes of the same thing in one transaction are sent once. Nothing is rendered while
+    nobody has the topic open: a page that opens renders its cards when its websocket connects.
     """
     key = (topic, part)
     # Callbacks waiting for this transaction's commit (Django drops them on rollback).
@@ -82,10 +68,13 @@ def push(topic: str, part: str = "") -> None:
         return
 
     def send() -> None:
+        group = group_name(topic)
         try:
+            if not pubsub.watched(group):
+                return
             for html in render_topic(topic, part):
                 if html.strip():
-                    _group_send(group_name(topic), {"type": "live.html", "html": html})
+                    pubsub.send(group, {"type": "live.html", "html": html})
         except Exception:  # noqa: BLE001 - a lost hint is recovered by the next render
             log.exception("could not push %s %s", topic, part)
 

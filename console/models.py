@@ -31,6 +31,7 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["target_type", "target_id", "-created_at"]),
             models.Index(fields=["state"]),
+            models.Index(fields=["-created_at", "-id"]),  # the dashboard's latest jobs; pruning by age
         ]
 
     def __str__(self) -> str:

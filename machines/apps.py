@@ -8,6 +8,7 @@ class MachinesConfig(AppConfig):
     def ready(self) -> None:
         from console import dashboard, live
         from console.jobs import job_kind_register
+        from console.pruning import register_pruner
         from machines import services, views
 
         live.register("machines", views.render_machines_topic, may_see=views.may_see_machines_topic)
@@ -29,3 +30,4 @@ class MachinesConfig(AppConfig):
 
         job_kind_register(services.ENROL_KIND, task="machines.tasks.machine_enrol")
         job_kind_register(services.REFRESH_KIND, task="machines.tasks.machine_enrol")
+        register_pruner("machine events", services.machine_events_prune, keep_days_setting="FADEN_KEEP_EVENTS_DAYS")

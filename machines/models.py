@@ -130,6 +130,10 @@ class MachineEvent(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["-created_at", "-id"]),  # the dashboard's latest events; pruning by age
+            models.Index(fields=["machine", "-created_at", "-id"]),  # a machine's page
+        ]
 
     def __str__(self) -> str:
         return f"{self.machine.name}: {self.message}"

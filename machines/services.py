@@ -9,7 +9,7 @@ import hashlib
 import ipaddress
 import logging
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -21,6 +21,7 @@ from console import live
 from console.jobs import job_start
 from console.lifecycle import InvalidTransition, transition  # noqa: F401 - InvalidTransition is part of this API
 from console.models import Job
+from console.pruning import delete_in_batches
 from machines import remote
 from machines.choices import TRANSITIONS, EventKind, InterfaceKind, MachineState
 from machines.models import Accelerator, Machine, MachineEvent, NetworkInterface
@@ -47,6 +48,11 @@ def machines_summary_changed() -> None:
 
 def machine_event(*, machine: Machine, kind: str, message: str) -> MachineEvent:
     return MachineEvent.objects.create(machine=machine, kind=kind, message=message)
+
+
+def machine_events_prune(older_than: datetime) -> int:
+    """Delete the machine events written before ``older_than`` (the beat's pruning, FADEN_KEEP_EVENTS_DAYS)."""
+    return delete_in_batches(MachineEvent.objects.filter(created_at__lt=older_than))
 
 
 def machine_transition(*, machine: Machine, to: str, reason: str = "") -> bool:

@@ -192,3 +192,36 @@ def test_one_socket_follows_several_topics():
     assert 'id="machine-summary"' in summary
     assert f'id="machine-row-{machine.pk}"' in rows and "<div" not in rows
     assert 'id="machine-header"' in cards
+
+
+def test_nothing_is_rendered_while_nobody_watches_and_a_watcher_that_connects_gets_the_pushes(monkeypatch):
+    from console import live
+
+    machine, cookie = MachineFactory(state=MachineState.HEALTHY), session_cookie()
+    renderer, may_see = live._renderers["machine"]
+    renders = []
+    monkeypatch.setitem(live._renderers, "machine", (lambda arg, part: renders.append(part) or renderer(arg, part), may_see))
+
+    def goes(state, reason=""):
+        return in_a_transaction(lambda: services.machine_transition(machine=machine, to=state, reason=reason))
+
+    async def scenario():
+        await goes(MachineState.OFFLINE, "No heartbeat for 31 s.")
+        unwatched = len(renders)
+        ws = socket(f"topic=machine:{machine.pk}", cookie=cookie)
+        await ws.connect()
+        on_connect = await ws.receive_from(timeout=WAIT)
+        await goes(MachineState.HEALTHY)
+        pushed = await ws.receive_from(timeout=WAIT)
+        await ws.disconnect()
+        watched = len(renders)
+        await goes(MachineState.FAILED, "The host key changed.")
+        return unwatched, on_connect, pushed, watched, len(renders)
+
+    unwatched, on_connect, pushed, watched, after = async_to_sync(scenario)()
+
+    assert unwatched == 0
+    assert ">Offline</span>" in on_connect  # the change made while nobody watched, rendered on connect
+    assert ">Healthy</span>" in pushed
+    assert watched == 2  # on connect, then the push
+    assert after == watched  # gone again: nothing rendered
