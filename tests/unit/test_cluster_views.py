@@ -461,3 +461,10 @@ def test_add_machines_filters_by_state_and_keeps_what_was_ticked(admin_client, b
 
     assert re.findall(r'aria-label="Add ([\w-]+)"', html) == ["lab-x", "lab-off"]
     assert 'value="%d" aria-label="Add lab-x" checked' % ticked.pk in html
+
+
+def test_the_stop_dialog_promises_only_what_start_does_today(admin_client, build):
+    html = page(admin_client, make_cluster(build))
+    dialog = html[html.index('<dialog id="stop-dialog"'):html.index("</dialog>")]
+    assert "Start brings it back on them" in dialog
+    assert "models again" not in dialog
