@@ -119,3 +119,31 @@ def test_a_machine_with_another_agent_stops_the_start_before_anything_moves_and_
     assert "gpu-b runs another agent than this console's" in cluster.state_reason
     assert "select Refresh facts on its page, then Try again" in cluster.state_reason
     assert agents.calls == []  # nothing reached a machine
+
+
+def test_several_files_travel_each_in_its_own_chain_with_a_bar_per_machine_and_file(stopped, agents):
+    from clusters.fanout import ProgressBoard
+    from clusters.selectors import cluster_members
+    from clusters.transfer import ServerFile, distribute
+    from machines.agent_client import FileSpec
+
+    files = [ServerFile(spec=FileSpec(digest=d * 64, size=size, chunk_size=size, chunk_hashes=["c" * 64]), what=what,
+                        download_path=f"/agent/files/{d * 64}/", token=lambda: "t")
+             for d, size, what in (("a", 100, "the runtime image"), ("b", 300, "the model's weights"))]
+    stopped.members.update(state=MemberState.PENDING)  # as a start leaves them before the files travel
+    members = cluster_members(stopped)
+    ctx = JobContext(job_create(kind="test.files", title="t", target_type="cluster", target_id=stopped.pk, steps=["files"]),
+                     on_change=lambda j: None)
+
+    with ProgressBoard(stopped) as board:
+        got = distribute(ctx, stopped, members, members[0], board, lambda member: files)
+
+    assert len(got) == 3
+    bars = {(t.member.machine.name, t.what): (t.source, t.bytes_done, t.bytes_total)
+            for t in Transfer.objects.select_related("member__machine")}
+    for what, size in (("the runtime image", 100), ("the model's weights", 300)):
+        assert bars[("gpu-a", what)] == ("the server", size, size)
+        assert bars[("gpu-b", what)] == ("gpu-a (198.18.1.11)", size, size)
+        assert bars[("gpu-c", what)] == ("gpu-b (198.18.1.12)", size, size)
+    server_copies = [call for call in agents.calls if call[1] == "file_fetch" and "/agent/files/" in call[2]["url"]]
+    assert len(server_copies) == 2  # one per file, whatever the number of machines
