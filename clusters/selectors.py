@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, Prefetch, Q, QuerySet, Sum
+from django.db.models import Count, Min, Prefetch, Q, QuerySet, Sum
 
 from clusters import planning, policy
 from clusters.choices import MemberState, Role
@@ -14,47 +14,52 @@ from clusters.models import Cluster, ClusterMember, NetworkMeasurement, RuntimeI
 from console.choices import JOB_ACTIVE
 from console.models import Job
 from machines.choices import MachineState
-from machines.models import Accelerator, Machine
+from machines.models import Accelerator, Machine, NetworkInterface
 
 # What a page needs of a runtime image: its list of chunk hashes (thousands of them) stays in the database.
 IMAGE_FIELDS = ("id", "name", "version", "digest", "size_bytes", "arch", "accelerator_vendor", "certified")
 
 
 def candidates(machine_ids=None) -> list[planning.Candidate]:
-    """Machines as the planner sees them, in three queries whatever their number. Only the columns the
-    planner reads are loaded: a machine's facts and its cluster's status are large JSON it never reads."""
-    machines = (
-        Machine.objects.only("id", "name", "state", "state_reason", "arch", "address", "membership__cluster__name")
-        .select_related("membership__cluster")
-        .prefetch_related("accelerators", "interfaces")
-    )
+    """Machines as the planner sees them, in three queries whatever their number, and as plain rows:
+    the columns the planner reads, each machine's accelerators as one row per vendor and model
+    (counted by the database), its interfaces as tuples. A machine's facts, its cluster's status and
+    its accelerators' serial numbers stay in the database."""
+    if machine_ids is not None:
+        machine_ids = list(machine_ids)
+        if not machine_ids:
+            return []
+    machines = Machine.objects.order_by("name").values_list(
+        "id", "name", "state", "state_reason", "arch", "address", "membership__cluster__name")
+    accelerators = Accelerator.objects.values_list("machine_id", "vendor", "model").annotate(
+        count=Count("id"), first=Min("index")).order_by()
+    interfaces = NetworkInterface.objects.order_by("machine_id", "name").values_list(
+        "machine_id", "name", "addresses", "speed_mbps", "kind", "default_route", "management")
     if machine_ids is not None:
         machines = machines.filter(pk__in=machine_ids)
-    result = []
-    for m in machines.order_by("name"):
-        accelerators = list(m.accelerators.all())
-        membership = getattr(m, "membership", None)
-        result.append(
-            planning.Candidate(
-                id=m.pk,
-                name=m.name,
-                state=m.state,
-                state_label=m.get_state_display(),
-                state_reason=m.state_reason,
-                arch=m.arch,
-                accelerator_vendor=accelerators[0].vendor if accelerators else "",
-                accelerator_count=len(accelerators),
-                accelerator_model=accelerators[0].model if accelerators else "",
-                cluster_name=membership.cluster.name if membership else None,
-                ssh_address=m.address,
-                interfaces=tuple(
-                    planning.Iface(name=i.name, addresses=tuple(i.addresses), speed_mbps=i.speed_mbps, kind=i.kind,
-                                   default_route=i.default_route, management=i.management)
-                    for i in m.interfaces.all()
-                ),
-            )
+        accelerators = accelerators.filter(machine_id__in=machine_ids)
+        interfaces = interfaces.filter(machine_id__in=machine_ids)
+    # A machine's kind is that of its first accelerator (the lowest index); the count is all of them.
+    kinds: dict[int, tuple[int, str, str]] = {}
+    counts: dict[int, int] = {}
+    for machine_id, vendor, model, count, first in accelerators:
+        counts[machine_id] = counts.get(machine_id, 0) + count
+        if machine_id not in kinds or first < kinds[machine_id][0]:
+            kinds[machine_id] = (first, vendor, model)
+    ifaces: dict[int, list[planning.Iface]] = {}
+    for machine_id, name, addresses, speed, kind, default_route, management in interfaces:
+        ifaces.setdefault(machine_id, []).append(planning.Iface(
+            name=name, addresses=tuple(addresses), speed_mbps=speed, kind=kind, default_route=default_route, management=management))
+    labels = dict(MachineState.choices)
+    return [
+        planning.Candidate(
+            id=pk, name=name, state=state, state_label=labels.get(state, state), state_reason=reason, arch=arch,
+            accelerator_vendor=kinds[pk][1] if pk in kinds else "", accelerator_count=counts.get(pk, 0),
+            accelerator_model=kinds[pk][2] if pk in kinds else "", cluster_name=cluster_name, ssh_address=address,
+            interfaces=tuple(ifaces.get(pk, ())),
         )
-    return result
+        for pk, name, state, reason, arch, address, cluster_name in machines
+    ]
 
 
 def image_builds() -> list[planning.ImageBuild]:
