@@ -136,9 +136,10 @@ def render_clusters_topic(arg: str, part: str) -> list[str]:
 # -- the network step (the wizard's, and a cluster's Change the network) ----------------------------
 
 
-def network_view(state, probe_job: Job | None = None) -> dict:
-    """The shared networks with their marks, the measured figures and the suggestion."""
-    picked = selectors.candidates(state["picked"])
+def network_view(state, probe_job: Job | None = None, picked: list[planning.Candidate] | None = None) -> dict:
+    """The shared networks with their marks, the measured figures and the suggestion (``picked``: the
+    machines of ``state["picked"]`` when the caller has them already)."""
+    picked = selectors.candidates(state["picked"]) if picked is None else picked
     networks = planning.shared_networks(picked)
     others = [c.id for c in picked if c.id != state["head"]]
     measured = selectors.measurements([n.subnet for n in networks], state["head"], others) if others else {}

@@ -58,11 +58,12 @@ def cluster_new(request):
     if context["step"] == "machines":
         context.update(_machines_step(state, found))
     elif context["step"] == "network":
-        context.update(_machines_step(state, found))
-        if context["can_continue"]:
-            context.update(_network_step(state))
+        # Only the ticked machines: the step shows none of the others.
+        picked, _, blocking = _selection(state)
+        if picked and not blocking:
+            context.update(_network_step(state, picked), picked_candidates=picked)
         else:
-            context["step"] = "machines"
+            context.update(_machines_step(state, found), step="machines")
     template = "clusters/wizard.html#wizard" if request.htmx and not request.htmx.history_restore_request else "clusters/wizard.html"
     response = render(request, template, context)
     patch_vary_headers(response, ["HX-Request"])
@@ -80,25 +81,32 @@ def _finder(found: selectors.MachineFilter, listed: selectors.MachinePage) -> di
     return {"found": found, "listed": listed, "kinds": selectors.machine_kinds(), "machine_states": MachineState.choices}
 
 
-def _machines_step(state, found: selectors.MachineFilter) -> dict:
-    """The picked machines first, then one page of the others the filter finds: never all of them."""
+def _selection(state, shown=()) -> tuple[list[planning.Candidate], dict, list[str]]:
+    """The ticked machines, the verdicts on them and on ``shown``, and the messages that block Next;
+    settles the head (the one chosen, else the suggested one) in ``state``."""
     picked = selectors.candidates(state["picked"])
-    listed = selectors.machines_page(found, exclude=state["picked"])
-    shown = selectors.candidates(listed.ids)
     head = state["head"] if state["head"] in state["picked"] else planning.suggest_head(picked)
     verdicts = planning.pick_check([*picked, *shown], selectors.image_builds(), head_id=head)
     # A picked machine that cannot serve blocks Next until it is taken out of the selection.
     blocking = [verdicts[c.id].refusal for c in picked if not verdicts[c.id].selectable]
-    suggested = planning.suggest_head(picked)
     state["head"] = head
+    return picked, verdicts, blocking
+
+
+def _machines_step(state, found: selectors.MachineFilter) -> dict:
+    """The picked machines first, then one page of the others the filter finds: never all of them."""
+    listed = selectors.machines_page(found, exclude=state["picked"])
+    shown = selectors.candidates(listed.ids)
+    picked, verdicts, blocking = _selection(state, shown)
+    suggested = planning.suggest_head(picked)
     return {"picked_rows": _machine_rows(picked, verdicts, picked=state["picked"], suggested=suggested),
             "rows": _machine_rows(shown, verdicts), "picked_candidates": picked, "blocking": blocking,
             "can_continue": bool(picked) and not blocking, "suggested_head": suggested, **_finder(found, listed)}
 
 
-def _network_step(state) -> dict:
+def _network_step(state, picked: list[planning.Candidate]) -> dict:
     probe_job = selectors.probe_job(state["probe"])
-    context = pages.network_view(state, probe_job)
+    context = pages.network_view(state, probe_job, picked)
     if probe_job:
         context["live_topics"] = f"topic=probe:{probe_job.pk}"
     return context
