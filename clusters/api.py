@@ -170,13 +170,6 @@ def _machine_ids(raw: str) -> list[int]:
         raise serializers.ValidationError({"machines": "Give machine ids separated by commas: ?machines=3,4"}) from None
 
 
-def _address_on(candidate: planning.Candidate, network: str) -> str | None:
-    try:
-        return policy.cluster_address(candidate, network) if network else None
-    except ValueError:
-        return None
-
-
 class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = ClusterSerializer
 
@@ -319,7 +312,7 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
                 "accelerators": candidate.accelerator_count,
                 "accelerator_model": candidate.accelerator_model,
                 "cluster": candidate.cluster_name,
-                "address": _address_on(candidate, cluster.network),
+                "address": verdict.address,
                 "selectable": verdict.selectable,
                 "refusal": verdict.refusal,
                 "warning": verdict.warning,
@@ -349,7 +342,7 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         ids = _machine_ids(request.query_params.get("machines", ""))
         picked, _ = services.cluster_plan_check(machine_ids=ids, head_id=None)
         head = int(request.query_params["head"]) if request.query_params.get("head", "").isdigit() else planning.suggest_head(picked)
-        view = network_view({"picked": ids, "head": head, "network": "", "probe": None})
+        view = network_view({"picked": ids, "head": head, "network": "", "probe": None}, picked=picked)
         if view["no_network"]:
             raise DjangoValidationError({"machines": planning.NO_SHARED_NETWORK})
         probe = Job.objects.filter(kind=steps.PROBE_KIND, params__head=head).first()

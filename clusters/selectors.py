@@ -101,7 +101,8 @@ def cluster_head(cluster: Cluster) -> ClusterMember | None:
 
 
 def cluster_machine_ids(cluster: Cluster) -> list[int]:
-    return list(cluster.members.values_list("machine_id", flat=True))
+    """By name (the list's own ordering would join the cluster as well)."""
+    return list(cluster.members.order_by("machine__name").values_list("machine_id", flat=True))
 
 
 def cluster_networks(cluster: Cluster) -> list[planning.SharedNetwork]:
@@ -109,21 +110,21 @@ def cluster_networks(cluster: Cluster) -> list[planning.SharedNetwork]:
     return planning.shared_networks(candidates(cluster_machine_ids(cluster)))
 
 
-def cluster_build_by_platform(cluster: Cluster) -> dict[tuple[str, str], int]:
-    """The build the cluster runs on each platform (arch, vendor): a machine that joins gets the same one."""
-    rows = cluster.members.exclude(runtime_image=None).values_list(
-        "runtime_image_id", "runtime_image__arch", "runtime_image__accelerator_vendor")
-    return {(arch, vendor): image_id for image_id, arch, vendor in rows}
-
-
-def cluster_join_verdicts(cluster: Cluster, machine_ids=None) -> list[tuple[planning.Candidate, planning.Verdict]]:
-    """Machines outside the cluster (all of them, or those named), and whether each may join (the reason when not)."""
-    head = cluster.members.filter(role=Role.HEAD).values_list("machine_id", flat=True).first()
+def cluster_join_verdicts(cluster: Cluster, machine_ids=None) -> list[tuple[planning.Candidate, policy.JoinVerdict]]:
+    """Machines outside the cluster (all of them, or those named), and whether each may join (the reason
+    when not) with the address it would join with."""
+    rows = cluster.members.order_by().values_list(
+        "machine_id", "role", "runtime_image_id", "runtime_image__arch", "runtime_image__accelerator_vendor")
+    members, head, running = set(), None, {}
+    for machine_id, role, image_id, arch, vendor in rows:
+        members.add(machine_id)
+        head = machine_id if role == Role.HEAD else head
+        if image_id is not None:
+            running[(arch, vendor)] = image_id  # the build the cluster runs on each platform: a machine that joins gets it too
     # The head is looked at too: a machine of another architecture than the head's is warned about.
-    everyone = candidates(None if machine_ids is None else [*machine_ids, head])
-    members = set(cluster_machine_ids(cluster))
+    everyone = candidates(None if machine_ids is None else [*machine_ids, *([head] if head else [])])
     verdicts = policy.join_check(everyone, image_builds(), head_id=head, network=cluster.network, members=members,
-                                 major=cluster.runtime_version, running=cluster_build_by_platform(cluster))
+                                 major=cluster.runtime_version, running=running)
     return [(c, verdicts[c.id]) for c in everyone if c.id in verdicts]
 
 
