@@ -12,7 +12,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from clusters import planning, policy, selectors, services, steps
+from clusters import planning, selectors, services, steps
 from clusters.choices import MemberState
 from clusters.models import Cluster, ClusterMember, HealthCheck, Transfer
 from clusters.pages import network_view
