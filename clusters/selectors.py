@@ -14,7 +14,7 @@ from clusters.models import Cluster, ClusterMember, NetworkMeasurement, RuntimeI
 from console.choices import JOB_ACTIVE
 from console.models import Job
 from machines.choices import MachineState
-from machines.models import Accelerator, Machine, NetworkInterface
+from machines.models import Accelerator, Machine, NetworkInterface, accelerator_summary_of
 
 # What a page needs of a runtime image: its list of chunk hashes (thousands of them) stays in the database.
 IMAGE_FIELDS = ("id", "name", "version", "digest", "size_bytes", "arch", "accelerator_vendor", "certified")
@@ -83,17 +83,28 @@ def cluster_busy(cluster: Cluster) -> Job | None:
     return Job.objects.filter(target_type="cluster", target_id=cluster.pk, state__in=JOB_ACTIVE).first()
 
 
-def cluster_members(cluster: Cluster, *, accelerators: bool = False, chunks: bool = False) -> list[ClusterMember]:
+def cluster_members(cluster: Cluster, *, accelerators: bool = False, chunks: bool = False, status: bool = True) -> list[ClusterMember]:
     """The members, head first then by name, with their machine, build and transfers, in a few queries.
-    A build's list of chunk hashes (thousands) is loaded only for the jobs that ship it (``chunks``)."""
+    A build's list of chunk hashes (thousands) is loaded only for the jobs that ship it (``chunks``),
+    each member's last status only when it is shown (``status``)."""
     members = (
         cluster.members.select_related("machine", "runtime_image")
-        .defer("machine__facts", *(() if chunks else ("runtime_image__chunk_hashes",)))
+        .defer("machine__facts", *(() if chunks else ("runtime_image__chunk_hashes",)), *(() if status else ("last_status",)))
         .prefetch_related(Prefetch("transfers", queryset=Transfer.objects.order_by("what")))
     )
     if accelerators:
         members = members.prefetch_related("machine__accelerators")
     return sorted(members.order_by("machine__name"), key=head_first)
+
+
+def accelerator_summaries(machine_ids) -> dict[int, str]:
+    """``8 x H100 80GB`` for each machine, from one grouped query rather than every accelerator's row."""
+    rows = (Accelerator.objects.filter(machine_id__in=list(machine_ids)).values_list("machine_id", "model")
+            .annotate(count=Count("id"), first=Min("index")).order_by("machine_id", "first"))
+    counted: dict[int, list[tuple[str, int]]] = {}
+    for machine_id, model, count, _first in rows:
+        counted.setdefault(machine_id, []).append((model, count))
+    return {machine_id: accelerator_summary_of(pairs) for machine_id, pairs in counted.items()}
 
 
 def cluster_head(cluster: Cluster) -> ClusterMember | None:
@@ -128,13 +139,15 @@ def cluster_join_verdicts(cluster: Cluster, machine_ids=None) -> list[tuple[plan
     return [(c, verdicts[c.id]) for c in everyone if c.id in verdicts]
 
 
-def runtime_offer(cluster: Cluster) -> list[dict]:
-    """Per build the cluster runs: which machines run it, and the newest certified build for their kind."""
+def runtime_offer(cluster: Cluster, members: list[ClusterMember] | None = None) -> list[dict]:
+    """Per build the cluster runs: which machines run it, and the newest certified build for their kind
+    (``members``: the cluster's, with machine and build, when the caller has them already)."""
     builds = list(RuntimeImage.objects.filter(certified=True).only(*IMAGE_FIELDS))
     offer: dict[int, dict] = {}
-    members = cluster.members.select_related("runtime_image", "machine").only(
-        "machine__name", *(f"runtime_image__{f}" for f in IMAGE_FIELDS))
-    for member in members:
+    if members is None:
+        members = cluster.members.select_related("runtime_image", "machine").only(
+            "machine__name", *(f"runtime_image__{f}" for f in IMAGE_FIELDS)).order_by("machine__name")
+    for member in sorted(members, key=lambda m: m.machine.name):  # by name, the head among them
         current = member.runtime_image
         if current is None:
             continue

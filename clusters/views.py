@@ -163,6 +163,11 @@ def cluster_detail(request, pk: int):
     return render(request, "clusters/cluster_detail.html", context)
 
 
+def _cluster_or_404(pk: int) -> Cluster:
+    """The cluster, for the pages that do not show its raw status: that stays in the database."""
+    return get_object_or_404(Cluster.objects.defer("last_status"), pk=pk)
+
+
 # -- what the buttons do -----------------------------------------------------------------------------
 
 
@@ -197,7 +202,7 @@ cluster_check = _button("cluster_check_now", "Looking at {name} now: the result 
 
 def cluster_delete(request, pk: int):
     """GET: what deleting does; POST: delete (at once, or stopped first by a job)."""
-    cluster = get_object_or_404(Cluster, pk=pk)
+    cluster = _cluster_or_404(pk)
     if request.method == "POST":
         name = cluster.name
         try:
@@ -210,7 +215,7 @@ def cluster_delete(request, pk: int):
         else:
             messages.success(request, f"Deleting {name}: it is stopped on its machines first, then its record goes.")
         return redirect("clusters:list")
-    return render(request, "clusters/cluster_confirm.html", pages.cluster_cards(cluster) | {
+    return render(request, "clusters/cluster_confirm.html", pages.cluster_cards(cluster, status=False) | {
         "confirm": "delete",
         "stopped": cluster.state == ClusterState.STOPPED,
     })
@@ -218,7 +223,7 @@ def cluster_delete(request, pk: int):
 
 def cluster_add(request, pk: int):
     """Add machines to a running cluster: every machine outside it, with the reason when it cannot join."""
-    cluster = get_object_or_404(Cluster, pk=pk)
+    cluster = _cluster_or_404(pk)
     picked, errors = _ids(request.GET.getlist("machines")), []
     if request.method == "POST":
         picked = _ids(request.POST.getlist("machines"))
@@ -236,7 +241,7 @@ def cluster_add(request, pk: int):
     rows = _machine_rows(candidates, by_id, picked=picked)
     # The ticked ones first, then the page the filter found.
     rows.sort(key=lambda r: (not r["picked"], r["candidate"].name))
-    cards = pages.cluster_cards(cluster)
+    cards = pages.cluster_cards(cluster, status=False)
     context = cards | {"rows": rows, "errors": errors, "selectable": sum(1 for r in rows if r["verdict"].selectable),
                        **_finder(found, listed)}
     return render(request, "clusters/cluster_add.html", context, status=400 if errors else 200)
@@ -257,7 +262,7 @@ def cluster_member_remove(request, pk: int, machine_id: int):
 
 def cluster_runtime_switch(request, pk: int):
     """GET: what switching does; POST: switch to the newest certified build (a restart)."""
-    cluster = get_object_or_404(Cluster, pk=pk)
+    cluster = _cluster_or_404(pk)
     if request.method == "POST":
         try:
             job = services.cluster_switch_runtime(cluster=cluster, user=request.user)
@@ -269,12 +274,13 @@ def cluster_runtime_switch(request, pk: int):
         else:
             messages.success(request, f"Restarting {cluster.name} on the new build.")
         return redirect(cluster)
-    return render(request, "clusters/cluster_confirm.html", pages.cluster_cards(cluster) | pages.runtime_card(cluster) | {"confirm": "switch"})
+    cards = pages.cluster_cards(cluster, status=False)
+    return render(request, "clusters/cluster_confirm.html", cards | pages.runtime_card(cluster, cards["members"]) | {"confirm": "switch"})
 
 
 def cluster_network(request, pk: int):
     """GET: the shared networks, tested and marked; POST: move the cluster to the one picked (a restart)."""
-    cluster = get_object_or_404(Cluster, pk=pk)
+    cluster = _cluster_or_404(pk)
     if request.method == "POST":
         network = request.POST.get("network", "")
         try:
@@ -289,7 +295,7 @@ def cluster_network(request, pk: int):
         return redirect(cluster)
     probe = _head(request.GET.get("probe"))
     probe_job = selectors.probe_job(probe)
-    context = pages.cluster_cards(cluster) | pages.cluster_network_view(cluster, probe_job, request.GET.get("network", ""))
+    context = pages.cluster_cards(cluster, status=False) | pages.cluster_network_view(cluster, probe_job, request.GET.get("network", ""))
     if probe_job:
         context["live_topics"] = f"topic=probe:{probe_job.pk}"
     return render(request, "clusters/cluster_network.html", context)
