@@ -165,12 +165,14 @@ def probe_job(job_id: int | None) -> Job | None:
 
 
 def clusters_with_totals() -> QuerySet[Cluster]:
-    """The list's rows: each cluster with its machine and accelerator counts and its head, in two queries."""
+    """The list's rows: each cluster with its machine and accelerator counts and its head's name, in two
+    queries. Neither the clusters' nor the heads' status is loaded, nor the head machine's facts."""
+    heads = ClusterMember.objects.filter(role=Role.HEAD).select_related("machine").only("cluster_id", "role", "machine__name").order_by()
     return Cluster.objects.defer("last_status").annotate(
         machine_count=Count("members"),
         machines_up=Count("members", filter=Q(members__state=MemberState.JOINED)),
         accelerators=Sum("members__accelerators_in_ray"),
-    ).prefetch_related(Prefetch("members", queryset=ClusterMember.objects.filter(role=Role.HEAD).select_related("machine")))
+    ).prefetch_related(Prefetch("members", queryset=heads))
 
 
 # -- finding machines among many (the wizard's machine step, Add machines, join candidates) --------
