@@ -1,4 +1,5 @@
 """Enrolled machines and what they reported about themselves."""
+import functools
 import re
 from collections import Counter
 
@@ -81,6 +82,7 @@ def accelerator_summary_of(counted) -> str:
     return " + ".join(f"{n} x {model}" for model, n in counts.items())
 
 
+@functools.lru_cache(maxsize=256)  # a handful of models, named on every row of every list
 def short_model(model: str) -> str:
     """The model as people say it: ``NVIDIA H100 80GB HBM3`` -> ``H100 80GB``, ``NVIDIA A100-SXM4-40GB`` -> ``A100 40GB``."""
     text = re.sub(r"-(SXM\d*|PCIE)-", " ", model, flags=re.IGNORECASE)
