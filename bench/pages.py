@@ -5,6 +5,7 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/faden_bench_perf .venv/bin/python bench/pages.py
     .venv/bin/python bench/pages.py --sizes 1000 --runs 7 --only wizard
     .venv/bin/python bench/pages.py --sizes 1000 --profile "join-candidates"
+    .venv/bin/python bench/pages.py --runs 20 --stat min                   # the table in docs/performance.md
 
 For each size it empties the database, seeds N machines straight into it (the
 facts an H100, A100, MI300X or GH200 host reports, interfaces on three
@@ -12,8 +13,10 @@ networks, in 60 clusters at 1,000 machines with their status as a health
 check writes it, runtime images of 2 GiB in 8 MiB chunks, two months of
 events, a week of health checks, the jobs), then requests every page and API
 call with Django's test client in this process and renders every live topic.
-It prints, for each, the median server time of --runs requests, the number
-of queries and the size of the answer.
+It prints, for each, the median server time of --runs requests (or the
+fastest, --stat min, steadier on a busy host), the number of queries and the
+size of the answer. On PostgreSQL the tables are vacuumed and analysed after
+seeding, as autovacuum would have left them.
 
 The database is emptied: give it one of its own (its name must contain
 "bench"). Redis (REDIS_URL, default db 5) is only reached by the push timing
