@@ -131,7 +131,8 @@ def cluster_page(cluster: Cluster, selected: int | None = None) -> dict:
 
 
 def render_cluster_topic(arg: str, part: str) -> list[str]:
-    clusters = Cluster.objects.all() if part in ("", "checks") else Cluster.objects.defer("last_status")  # the raw status card
+    # The raw status is shown by the whole page and the checks part only.
+    clusters = Cluster.objects.all() if part in ("", "checks") else Cluster.objects.defer("last_status")
     cluster = clusters.filter(pk=int(arg)).first()
     if cluster is None:
         return [render_to_string("clusters/cluster_detail.html#deleted", {"oob": True})]
