@@ -3,7 +3,7 @@ does (start, stop, Try again, Check now, switch the runtime, change the network,
 machines, delete) plus its health checks. Same services as the pages; their refusals are 400s with
 the service's own message (console/api.py)."""
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import Prefetch
+from django.db.models import F, Prefetch
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.plumbing import build_basic_type, build_object_type
 from drf_spectacular.types import OpenApiTypes
@@ -12,8 +12,8 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from clusters import planning, policy, selectors, services, steps
-from clusters.choices import MemberState
+from clusters import planning, selectors, services, steps
+from clusters.choices import MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, Transfer
 from clusters.pages import network_view
 from console.models import Job
@@ -27,29 +27,34 @@ class TransferSerializer(serializers.ModelSerializer):
 
 class MemberSerializer(serializers.ModelSerializer):
     machine = serializers.IntegerField(source="machine_id")
-    name = serializers.CharField(source="machine.name")
-    runtime_image = serializers.CharField(source="runtime_image.digest", default=None)
+    # The machine's name, the build's digest and the transfers as ClusterViewSet's queryset gives them
+    # (columns of the member's row, a plain list): a list of clusters holds hundreds of members.
+    name = serializers.CharField(source="machine_name")
+    runtime_image = serializers.CharField(source="image_digest", allow_null=True)
     image_bytes_done = serializers.SerializerMethodField(help_text="The runtime image's bytes on the machine so far")
     image_bytes_total = serializers.SerializerMethodField()
     image_source = serializers.SerializerMethodField(help_text="the server, or the machine it came from")
-    transfers = TransferSerializer(many=True, read_only=True, help_text="Every file on its way to the machine")
+    transfers = TransferSerializer(source="transfer_list", many=True, read_only=True, help_text="Every file on its way to the machine")
 
     class Meta:
         model = ClusterMember
         fields = ["machine", "name", "role", "address", "state", "state_reason", "runtime_image",
                   "image_bytes_done", "image_bytes_total", "image_source", "transfers", "accelerators_in_ray", "last_status"]
 
+    def to_representation(self, member):
+        # Three fields read the runtime image's transfer: it is found once per member (a list serializes
+        # its members one after the other with this one serializer).
+        self._image_transfer = next((t for t in member.transfer_list if t.digest == member.image_digest), None)
+        return super().to_representation(member)
+
     def get_image_bytes_done(self, member) -> int:
-        transfer = member.image_transfer
-        return transfer.bytes_done if transfer else 0
+        return self._image_transfer.bytes_done if self._image_transfer else 0
 
     def get_image_bytes_total(self, member) -> int:
-        transfer = member.image_transfer
-        return transfer.bytes_total if transfer else 0
+        return self._image_transfer.bytes_total if self._image_transfer else 0
 
     def get_image_source(self, member) -> str:
-        transfer = member.image_transfer
-        return transfer.source if transfer else ""
+        return self._image_transfer.source if self._image_transfer else ""
 
 
 class ClusterSerializer(serializers.ModelSerializer):
@@ -70,8 +75,7 @@ class ClusterSerializer(serializers.ModelSerializer):
         return [m for m in cluster.members.all() if m.state == MemberState.JOINED]
 
     def get_head(self, cluster) -> int | None:
-        head = cluster.head
-        return head.pk if head else None
+        return next((m.machine_id for m in cluster.members.all() if m.role == Role.HEAD), None)
 
     def get_runtime_image(self, cluster) -> str:
         """The runtime the cluster runs, by major version (each machine has the build for its platform)."""
@@ -85,6 +89,21 @@ class ClusterSerializer(serializers.ModelSerializer):
 
     def get_free_accelerators(self, cluster) -> int:
         return self.get_accelerators(cluster)  # nothing is deployed yet
+
+
+class MemberSummarySerializer(MemberSerializer):
+    """A member as the list of clusters gives it: without its last status (GET the cluster for that)."""
+
+    class Meta(MemberSerializer.Meta):
+        fields = [f for f in MemberSerializer.Meta.fields if f != "last_status"]
+
+
+class ClusterSummarySerializer(ClusterSerializer):
+    """A cluster as the list gives it: its members without their last status. That status (what the
+    runtime and Ray last reported, about 1 KB a machine) is in GET /api/clusters/<id>/: in the list
+    it was most of the answer."""
+
+    members = MemberSummarySerializer(many=True, read_only=True)
 
 
 class ClusterJobSerializer(ClusterSerializer):
@@ -170,20 +189,21 @@ def _machine_ids(raw: str) -> list[int]:
         raise serializers.ValidationError({"machines": "Give machine ids separated by commas: ?machines=3,4"}) from None
 
 
-def _address_on(candidate: planning.Candidate, network: str) -> str | None:
-    try:
-        return policy.cluster_address(candidate, network) if network else None
-    except ValueError:
-        return None
-
-
 class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = ClusterSerializer
 
+    def get_serializer_class(self):
+        return ClusterSummarySerializer if self.action == "list" else ClusterSerializer
+
     def get_queryset(self):
-        return Cluster.objects.prefetch_related(
-            Prefetch("members", queryset=ClusterMember.objects.select_related("machine", "runtime_image")
-                     .defer("runtime_image__chunk_hashes", "machine__facts").prefetch_related("transfers")))
+        """The clusters with the columns the answer shows: no raw status of the cluster (it is not in the
+        answer), no machine facts, no chunk hashes; the members' last status only for one cluster."""
+        fields = ["cluster", "machine", "runtime_image", "role", "address", "state", "state_reason", "accelerators_in_ray",
+                  *(() if self.action == "list" else ("last_status",))]
+        members = (ClusterMember.objects.only(*fields).annotate(machine_name=F("machine__name"), image_digest=F("runtime_image__digest"))
+                   .order_by("machine__name")
+                   .prefetch_related(Prefetch("transfers", queryset=Transfer.objects.order_by("what"), to_attr="transfer_list")))
+        return Cluster.objects.defer("last_status").prefetch_related(Prefetch("members", queryset=members))
 
     def _answer(self, cluster: Cluster, job: Job | None, *, started: int = status.HTTP_202_ACCEPTED,
                 recorded: int = status.HTTP_200_OK) -> Response:
@@ -191,6 +211,10 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         body = ClusterSerializer(self.get_queryset().get(pk=cluster.pk)).data
         body["job"] = job.pk if job else None
         return Response(body, status=started if job else recorded)
+
+    def list(self, request, *args, **kwargs):
+        """Every cluster, 50 a page, with its members; a member's last status only in GET /api/clusters/<id>/."""
+        return super().list(request, *args, **kwargs)
 
     @extend_schema(request=ClusterCreateSerializer, responses={201: ClusterSerializer})
     def create(self, request):
@@ -319,7 +343,7 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
                 "accelerators": candidate.accelerator_count,
                 "accelerator_model": candidate.accelerator_model,
                 "cluster": candidate.cluster_name,
-                "address": _address_on(candidate, cluster.network),
+                "address": verdict.address,
                 "selectable": verdict.selectable,
                 "refusal": verdict.refusal,
                 "warning": verdict.warning,
@@ -349,7 +373,7 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         ids = _machine_ids(request.query_params.get("machines", ""))
         picked, _ = services.cluster_plan_check(machine_ids=ids, head_id=None)
         head = int(request.query_params["head"]) if request.query_params.get("head", "").isdigit() else planning.suggest_head(picked)
-        view = network_view({"picked": ids, "head": head, "network": "", "probe": None})
+        view = network_view({"picked": ids, "head": head, "network": "", "probe": None}, picked=picked)
         if view["no_network"]:
             raise DjangoValidationError({"machines": planning.NO_SHARED_NETWORK})
         probe = Job.objects.filter(kind=steps.PROBE_KIND, params__head=head).first()

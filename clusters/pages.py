@@ -15,10 +15,12 @@ from clusters.wiring import wiring_diagram
 from console.models import Job
 
 
-def cluster_cards(cluster: Cluster, members: list[ClusterMember] | None = None) -> dict:
-    """The header, the summary, the member table and the operation card."""
-    members = selectors.cluster_members(cluster, accelerators=True) if members is None else members
-    jobs = list(Job.objects.filter(target_type="cluster", target_id=cluster.pk)[:1])
+def cluster_cards(cluster: Cluster, members: list[ClusterMember] | None = None, *, status: bool = True) -> dict:
+    """The header, the summary, the member table and the operation card (``status``: load the members'
+    last status, which only the wiring card shows)."""
+    members = selectors.cluster_members(cluster, status=status) if members is None else members
+    # The card shows the job's steps, not its log.
+    jobs = list(Job.objects.filter(target_type="cluster", target_id=cluster.pk).defer("log", "params")[:1])
     busy = selectors.cluster_busy(cluster)
     joined = [m for m in members if m.state == MemberState.JOINED]
     return {
@@ -49,15 +51,31 @@ def _measured_links(cluster: Cluster, head: ClusterMember | None) -> dict[int, N
     return {row.target_id: row for row in rows}
 
 
-def _member_view(cluster: Cluster, m: ClusterMember, link: NetworkMeasurement | None, count: int, busy: Job | None) -> dict:
-    """One machine's box in the diagram and its panel."""
+def _member_view(cluster: Cluster, m: ClusterMember, link: NetworkMeasurement | None, count: int, busy: Job | None,
+                 accelerators: str) -> dict:
+    """One machine's box in the diagram, its panel and its row: every value the template shows,
+    worked out once here rather than looked up again in each of the template's loops."""
     status = m.last_status or {}
     runtime = status.get("runtime") or {}
     ray_node = status.get("ray_node") or {}
+    transfers = list(m.transfers.all())
     return {
         "m": m,
-        "accelerators": m.machine.accelerator_summary,
-        "accelerator_count": len(m.machine.accelerators.all()),
+        "member_pk": m.pk,
+        "id": m.machine_id,
+        "name": m.machine.name,
+        "url": m.machine.get_absolute_url(),
+        "is_head": m.role == Role.HEAD,
+        "joined": m.state == MemberState.JOINED,
+        "in_ray": m.accelerators_in_ray,
+        "state_label": m.get_state_display(),
+        "badge": m.badge,
+        "reason": m.state_reason,
+        "address": m.address,
+        "image": str(m.runtime_image) if m.runtime_image else "",
+        "transfers": transfers,
+        "several_transfers": len(transfers) > 1,
+        "accelerators": accelerators,
         "runtime": runtime,
         "ray": runtime.get("ray") or {},
         "ray_node": ray_node,
@@ -71,11 +89,13 @@ def _member_view(cluster: Cluster, m: ClusterMember, link: NetworkMeasurement | 
 
 
 def wiring_card(cluster: Cluster, cards: dict, selected: int | None = None) -> dict:
-    """How this cluster is wired: the diagram and, for each machine, the panel that opens when it is selected."""
+    """How this cluster is wired: the diagram, the member table and, for each machine, the panel that
+    opens when it is selected."""
     members = cards["members"]
     links = _measured_links(cluster, cards["head"])
-    views = [_member_view(cluster, m, links.get(m.machine_id) if m.role != Role.HEAD else None, len(members), cards["busy"])
-             for m in members]
+    summaries = selectors.accelerator_summaries(m.machine_id for m in members)
+    views = [_member_view(cluster, m, links.get(m.machine_id) if m.role != Role.HEAD else None, len(members), cards["busy"],
+                          summaries.get(m.machine_id, "")) for m in members]
     if selected not in {m.machine_id for m in members}:
         selected = None
     return {"member_views": views, "diagram": wiring_diagram(views), "selected": selected, "drain_later": actions.DRAIN_LATER}
@@ -89,10 +109,10 @@ def checks_card(cluster: Cluster) -> dict:
     }
 
 
-def runtime_card(cluster: Cluster) -> dict:
+def runtime_card(cluster: Cluster, members: list[ClusterMember] | None = None) -> dict:
     offer = [{**entry, "digest": _short_digest(entry["image"].digest),
               "machines_text": ", ".join(entry["machines"][:6]) + (f" and {len(entry['machines']) - 6} more" if len(entry["machines"]) > 6 else "")}
-             for entry in selectors.runtime_offer(cluster)]
+             for entry in selectors.runtime_offer(cluster, members)]
     return {"runtime_offer": offer, "runtime_newer": [e for e in offer if e["newer"]]}
 
 
@@ -107,20 +127,24 @@ def extra_cards(cluster: Cluster) -> dict:
 
 def cluster_page(cluster: Cluster, selected: int | None = None) -> dict:
     cards = cluster_cards(cluster)
-    return cards | wiring_card(cluster, cards, selected) | checks_card(cluster) | runtime_card(cluster)
+    return cards | wiring_card(cluster, cards, selected) | checks_card(cluster) | runtime_card(cluster, cards["members"])
 
 
 def render_cluster_topic(arg: str, part: str) -> list[str]:
-    cluster = Cluster.objects.filter(pk=int(arg)).first()
+    # The raw status is shown by the whole page and the checks part only.
+    clusters = Cluster.objects.all() if part in ("", "checks") else Cluster.objects.defer("last_status")
+    cluster = clusters.filter(pk=int(arg)).first()
     if cluster is None:
         return [render_to_string("clusters/cluster_detail.html#deleted", {"oob": True})]
     if part == "members":
         cards = cluster_cards(cluster)
         return [render_to_string("clusters/cluster_detail.html#members-live", cards | wiring_card(cluster, cards) | {"oob": True})]
     if part == "job":
-        return [render_to_string("clusters/cluster_detail.html#job-live", cluster_cards(cluster) | runtime_card(cluster) | {"oob": True})]
+        cards = cluster_cards(cluster, status=False)
+        return [render_to_string("clusters/cluster_detail.html#job-live", cards | runtime_card(cluster, cards["members"]) | {"oob": True})]
     if part == "checks":
-        return [render_to_string("clusters/cluster_detail.html#checks-live", cluster_cards(cluster) | checks_card(cluster) | {"oob": True})]
+        return [render_to_string("clusters/cluster_detail.html#checks-live",
+                                 cluster_cards(cluster, status=False) | checks_card(cluster) | {"oob": True})]
     return [render_to_string("clusters/cluster_detail.html#live", cluster_page(cluster) | {"oob": True})]
 
 
@@ -136,9 +160,10 @@ def render_clusters_topic(arg: str, part: str) -> list[str]:
 # -- the network step (the wizard's, and a cluster's Change the network) ----------------------------
 
 
-def network_view(state, probe_job: Job | None = None) -> dict:
-    """The shared networks with their marks, the measured figures and the suggestion."""
-    picked = selectors.candidates(state["picked"])
+def network_view(state, probe_job: Job | None = None, picked: list[planning.Candidate] | None = None) -> dict:
+    """The shared networks with their marks, the measured figures and the suggestion (``picked``: the
+    machines of ``state["picked"]`` when the caller has them already)."""
+    picked = selectors.candidates(state["picked"]) if picked is None else picked
     networks = planning.shared_networks(picked)
     others = [c.id for c in picked if c.id != state["head"]]
     measured = selectors.measurements([n.subnet for n in networks], state["head"], others) if others else {}
@@ -163,9 +188,9 @@ def network_view(state, probe_job: Job | None = None) -> dict:
 
 def cluster_network_view(cluster: Cluster, probe_job: Job | None = None, chosen: str = "") -> dict:
     """The networks the cluster's machines share, measured from its head: the wizard's step, for a running cluster."""
-    members = list(cluster.members.all())
-    head = next((m.machine_id for m in members if m.role == Role.HEAD), None)
-    state = {"picked": [m.machine_id for m in members], "head": head, "network": chosen or cluster.network}
+    members = list(cluster.members.order_by("machine__name").values_list("machine_id", "role"))
+    head = next((machine_id for machine_id, role in members if role == Role.HEAD), None)
+    state = {"picked": [machine_id for machine_id, _ in members], "head": head, "network": chosen or cluster.network}
     context = network_view(state, probe_job)
     return context | {"cluster": cluster, "current": cluster.network, "can_test": len(members) > 1 and head is not None}
 
@@ -179,10 +204,11 @@ def render_probe_topic(arg: str, part: str) -> list[str]:
     messages_out = [render_to_string("clusters/wizard.html#networks", context)]
     # The same test runs from a cluster's Change the network page: that page's table gets the results too
     # (a page without the element ignores it).
-    led = ClusterMember.objects.select_related("cluster").filter(machine_id=job.params["head"], role=Role.HEAD).first()
+    led = (ClusterMember.objects.select_related("cluster").defer("last_status", "cluster__last_status")
+           .filter(machine_id=job.params["head"], role=Role.HEAD).first())
     if led is not None:
         cluster = led.cluster
         messages_out.append(render_to_string("clusters/cluster_network.html#networks",
-                                             cluster_cards(cluster) | cluster_network_view(cluster, job) | {"oob": True}))
+                                             cluster_cards(cluster, status=False) | cluster_network_view(cluster, job) | {"oob": True}))
     return messages_out
 

@@ -6,7 +6,6 @@ services and the health check turn rows and agent answers into the dataclasses b
 """
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -218,13 +217,18 @@ def delete_plan(*, stopped: bool, members: int, machines_online: int) -> str:
 
 # ------------------------------------------------------------------ add machines to a running cluster
 
+@dataclass(frozen=True)
+class JoinVerdict(planning.Verdict):
+    address: str | None = None  # its address on the cluster's network, the one it would join with; None when it has none
+
+
 def join_check(candidates: Sequence[planning.Candidate], builds: Iterable[planning.ImageBuild], *, head_id: Hashable,
                network: str, members: Iterable[Hashable], major: str = "2",
-               running: Mapping[tuple[str, str], Hashable] | None = None) -> dict[Hashable, planning.Verdict]:
-    """The wizard's verdicts, plus: a machine must have an address on the cluster's network to join it.
-    Machines already in this cluster are left out. A machine of a platform the cluster runs gets the
-    build the cluster runs there (``running``: (arch, vendor) -> build id), not a newer one: a cluster
-    keeps its runtime until it is switched."""
+               running: Mapping[tuple[str, str], Hashable] | None = None) -> dict[Hashable, JoinVerdict]:
+    """The wizard's verdicts, plus: a machine must have an address on the cluster's network to join it
+    (each verdict carries that address, worked out once). Machines already in this cluster are left
+    out. A machine of a platform the cluster runs gets the build the cluster runs there (``running``:
+    (arch, vendor) -> build id), not a newer one: a cluster keeps its runtime until it is switched."""
     members = set(members)
     builds = list(builds)
     by_id = {b.id: b for b in builds}
@@ -236,18 +240,22 @@ def join_check(candidates: Sequence[planning.Candidate], builds: Iterable[planni
     for candidate in others:
         verdict = verdicts[candidate.id]
         same = by_id.get((running or {}).get((candidate.arch, (candidate.accelerator_vendor or "").lower())))
-        if verdict.runtime is not None and same is not None:
-            verdict = dataclasses.replace(verdict, runtime=same)
-        if verdict.selectable and subnet is not None and cluster_address(candidate, network) is None:
-            verdict = planning.Verdict(selectable=False, refusal=f"{candidate.name} has no address on the cluster's network {network}.",
-                                       warning=verdict.warning, runtime_label=verdict.runtime_label, runtime=verdict.runtime)
-        result[candidate.id] = verdict
+        runtime = same if verdict.runtime is not None and same is not None else verdict.runtime
+        address = _address_in(candidate, subnet) if subnet is not None else None
+        selectable, refusal = verdict.selectable, verdict.refusal
+        if selectable and subnet is not None and address is None:
+            selectable, refusal = False, f"{candidate.name} has no address on the cluster's network {network}."
+        result[candidate.id] = JoinVerdict(selectable=selectable, refusal=refusal, warning=verdict.warning,
+                                           runtime_label=verdict.runtime_label, runtime=runtime, address=address)
     return result
 
 
 def cluster_address(candidate: planning.Candidate, network: str) -> str | None:
     """The candidate's address on ``network`` (without its prefix), or None."""
-    subnet = ipaddress.ip_network(network, strict=False)
+    return _address_in(candidate, ipaddress.ip_network(network, strict=False))
+
+
+def _address_in(candidate: planning.Candidate, subnet) -> str | None:
     for net, _iface, interface in planning.subnets_of(candidate):
         if net == subnet:
             return str(interface.ip)

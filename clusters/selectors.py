@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, Prefetch, Q, QuerySet, Sum
+from django.db.models import Count, Min, Prefetch, Q, QuerySet, Sum
 
 from clusters import planning, policy
 from clusters.choices import MemberState, Role
@@ -14,47 +14,52 @@ from clusters.models import Cluster, ClusterMember, NetworkMeasurement, RuntimeI
 from console.choices import JOB_ACTIVE
 from console.models import Job
 from machines.choices import MachineState
-from machines.models import Accelerator, Machine
+from machines.models import Accelerator, Machine, NetworkInterface, accelerator_summary_of
 
 # What a page needs of a runtime image: its list of chunk hashes (thousands of them) stays in the database.
 IMAGE_FIELDS = ("id", "name", "version", "digest", "size_bytes", "arch", "accelerator_vendor", "certified")
 
 
 def candidates(machine_ids=None) -> list[planning.Candidate]:
-    """Machines as the planner sees them, in three queries whatever their number. Only the columns the
-    planner reads are loaded: a machine's facts and its cluster's status are large JSON it never reads."""
-    machines = (
-        Machine.objects.only("id", "name", "state", "state_reason", "arch", "address", "membership__cluster__name")
-        .select_related("membership__cluster")
-        .prefetch_related("accelerators", "interfaces")
-    )
+    """Machines as the planner sees them, in three queries whatever their number, and as plain rows:
+    the columns the planner reads, each machine's accelerators as one row per vendor and model
+    (counted by the database), its interfaces as tuples. A machine's facts, its cluster's status and
+    its accelerators' serial numbers stay in the database."""
+    if machine_ids is not None:
+        machine_ids = list(machine_ids)
+        if not machine_ids:
+            return []
+    machines = Machine.objects.order_by("name").values_list(
+        "id", "name", "state", "state_reason", "arch", "address", "membership__cluster__name")
+    accelerators = Accelerator.objects.values_list("machine_id", "vendor", "model").annotate(
+        count=Count("id"), first=Min("index")).order_by()
+    interfaces = NetworkInterface.objects.order_by("machine_id", "name").values_list(
+        "machine_id", "name", "addresses", "speed_mbps", "kind", "default_route", "management")
     if machine_ids is not None:
         machines = machines.filter(pk__in=machine_ids)
-    result = []
-    for m in machines.order_by("name"):
-        accelerators = list(m.accelerators.all())
-        membership = getattr(m, "membership", None)
-        result.append(
-            planning.Candidate(
-                id=m.pk,
-                name=m.name,
-                state=m.state,
-                state_label=m.get_state_display(),
-                state_reason=m.state_reason,
-                arch=m.arch,
-                accelerator_vendor=accelerators[0].vendor if accelerators else "",
-                accelerator_count=len(accelerators),
-                accelerator_model=accelerators[0].model if accelerators else "",
-                cluster_name=membership.cluster.name if membership else None,
-                ssh_address=m.address,
-                interfaces=tuple(
-                    planning.Iface(name=i.name, addresses=tuple(i.addresses), speed_mbps=i.speed_mbps, kind=i.kind,
-                                   default_route=i.default_route, management=i.management)
-                    for i in m.interfaces.all()
-                ),
-            )
+        accelerators = accelerators.filter(machine_id__in=machine_ids)
+        interfaces = interfaces.filter(machine_id__in=machine_ids)
+    # A machine's kind is that of its first accelerator (the lowest index); the count is all of them.
+    kinds: dict[int, tuple[int, str, str]] = {}
+    counts: dict[int, int] = {}
+    for machine_id, vendor, model, count, first in accelerators:
+        counts[machine_id] = counts.get(machine_id, 0) + count
+        if machine_id not in kinds or first < kinds[machine_id][0]:
+            kinds[machine_id] = (first, vendor, model)
+    ifaces: dict[int, list[planning.Iface]] = {}
+    for machine_id, name, addresses, speed, kind, default_route, management in interfaces:
+        ifaces.setdefault(machine_id, []).append(planning.Iface(
+            name=name, addresses=tuple(addresses), speed_mbps=speed, kind=kind, default_route=default_route, management=management))
+    labels = dict(MachineState.choices)
+    return [
+        planning.Candidate(
+            id=pk, name=name, state=state, state_label=labels.get(state, state), state_reason=reason, arch=arch,
+            accelerator_vendor=kinds[pk][1] if pk in kinds else "", accelerator_count=counts.get(pk, 0),
+            accelerator_model=kinds[pk][2] if pk in kinds else "", cluster_name=cluster_name, ssh_address=address,
+            interfaces=tuple(ifaces.get(pk, ())),
         )
-    return result
+        for pk, name, state, reason, arch, address, cluster_name in machines
+    ]
 
 
 def image_builds() -> list[planning.ImageBuild]:
@@ -78,12 +83,13 @@ def cluster_busy(cluster: Cluster) -> Job | None:
     return Job.objects.filter(target_type="cluster", target_id=cluster.pk, state__in=JOB_ACTIVE).first()
 
 
-def cluster_members(cluster: Cluster, *, accelerators: bool = False, chunks: bool = False) -> list[ClusterMember]:
+def cluster_members(cluster: Cluster, *, accelerators: bool = False, chunks: bool = False, status: bool = True) -> list[ClusterMember]:
     """The members, head first then by name, with their machine, build and transfers, in a few queries.
-    A build's list of chunk hashes (thousands) is loaded only for the jobs that ship it (``chunks``)."""
+    A build's list of chunk hashes (thousands) is loaded only for the jobs that ship it (``chunks``),
+    each member's last status only when it is shown (``status``)."""
     members = (
         cluster.members.select_related("machine", "runtime_image")
-        .defer("machine__facts", *(() if chunks else ("runtime_image__chunk_hashes",)))
+        .defer("machine__facts", *(() if chunks else ("runtime_image__chunk_hashes",)), *(() if status else ("last_status",)))
         .prefetch_related(Prefetch("transfers", queryset=Transfer.objects.order_by("what")))
     )
     if accelerators:
@@ -91,12 +97,23 @@ def cluster_members(cluster: Cluster, *, accelerators: bool = False, chunks: boo
     return sorted(members.order_by("machine__name"), key=head_first)
 
 
+def accelerator_summaries(machine_ids) -> dict[int, str]:
+    """``8 x H100 80GB`` for each machine, from one grouped query rather than every accelerator's row."""
+    rows = (Accelerator.objects.filter(machine_id__in=list(machine_ids)).values_list("machine_id", "model")
+            .annotate(count=Count("id"), first=Min("index")).order_by("machine_id", "first"))
+    counted: dict[int, list[tuple[str, int]]] = {}
+    for machine_id, model, count, _first in rows:
+        counted.setdefault(machine_id, []).append((model, count))
+    return {machine_id: accelerator_summary_of(pairs) for machine_id, pairs in counted.items()}
+
+
 def cluster_head(cluster: Cluster) -> ClusterMember | None:
     return cluster.members.select_related("machine").filter(role=Role.HEAD).first()
 
 
 def cluster_machine_ids(cluster: Cluster) -> list[int]:
-    return list(cluster.members.values_list("machine_id", flat=True))
+    """By name (the list's own ordering would join the cluster as well)."""
+    return list(cluster.members.order_by("machine__name").values_list("machine_id", flat=True))
 
 
 def cluster_networks(cluster: Cluster) -> list[planning.SharedNetwork]:
@@ -104,31 +121,33 @@ def cluster_networks(cluster: Cluster) -> list[planning.SharedNetwork]:
     return planning.shared_networks(candidates(cluster_machine_ids(cluster)))
 
 
-def cluster_build_by_platform(cluster: Cluster) -> dict[tuple[str, str], int]:
-    """The build the cluster runs on each platform (arch, vendor): a machine that joins gets the same one."""
-    rows = cluster.members.exclude(runtime_image=None).values_list(
-        "runtime_image_id", "runtime_image__arch", "runtime_image__accelerator_vendor")
-    return {(arch, vendor): image_id for image_id, arch, vendor in rows}
-
-
-def cluster_join_verdicts(cluster: Cluster, machine_ids=None) -> list[tuple[planning.Candidate, planning.Verdict]]:
-    """Machines outside the cluster (all of them, or those named), and whether each may join (the reason when not)."""
-    head = cluster.members.filter(role=Role.HEAD).values_list("machine_id", flat=True).first()
+def cluster_join_verdicts(cluster: Cluster, machine_ids=None) -> list[tuple[planning.Candidate, policy.JoinVerdict]]:
+    """Machines outside the cluster (all of them, or those named), and whether each may join (the reason
+    when not) with the address it would join with."""
+    rows = cluster.members.order_by().values_list(
+        "machine_id", "role", "runtime_image_id", "runtime_image__arch", "runtime_image__accelerator_vendor")
+    members, head, running = set(), None, {}
+    for machine_id, role, image_id, arch, vendor in rows:
+        members.add(machine_id)
+        head = machine_id if role == Role.HEAD else head
+        if image_id is not None:
+            running[(arch, vendor)] = image_id  # the build the cluster runs on each platform: a machine that joins gets it too
     # The head is looked at too: a machine of another architecture than the head's is warned about.
-    everyone = candidates(None if machine_ids is None else [*machine_ids, head])
-    members = set(cluster_machine_ids(cluster))
+    everyone = candidates(None if machine_ids is None else [*machine_ids, *([head] if head else [])])
     verdicts = policy.join_check(everyone, image_builds(), head_id=head, network=cluster.network, members=members,
-                                 major=cluster.runtime_version, running=cluster_build_by_platform(cluster))
+                                 major=cluster.runtime_version, running=running)
     return [(c, verdicts[c.id]) for c in everyone if c.id in verdicts]
 
 
-def runtime_offer(cluster: Cluster) -> list[dict]:
-    """Per build the cluster runs: which machines run it, and the newest certified build for their kind."""
+def runtime_offer(cluster: Cluster, members: list[ClusterMember] | None = None) -> list[dict]:
+    """Per build the cluster runs: which machines run it, and the newest certified build for their kind
+    (``members``: the cluster's, with machine and build, when the caller has them already)."""
     builds = list(RuntimeImage.objects.filter(certified=True).only(*IMAGE_FIELDS))
     offer: dict[int, dict] = {}
-    members = cluster.members.select_related("runtime_image", "machine").only(
-        "machine__name", *(f"runtime_image__{f}" for f in IMAGE_FIELDS))
-    for member in members:
+    if members is None:
+        members = cluster.members.select_related("runtime_image", "machine").only(
+            "machine__name", *(f"runtime_image__{f}" for f in IMAGE_FIELDS)).order_by("machine__name")
+    for member in sorted(members, key=lambda m: m.machine.name):  # by name, the head among them
         current = member.runtime_image
         if current is None:
             continue
@@ -146,12 +165,14 @@ def probe_job(job_id: int | None) -> Job | None:
 
 
 def clusters_with_totals() -> QuerySet[Cluster]:
-    """The list's rows: each cluster with its machine and accelerator counts and its head, in two queries."""
+    """The list's rows: each cluster with its machine and accelerator counts and its head's name, in two
+    queries. Neither the clusters' nor the heads' status is loaded, nor the head machine's facts."""
+    heads = ClusterMember.objects.filter(role=Role.HEAD).select_related("machine").only("cluster_id", "role", "machine__name").order_by()
     return Cluster.objects.defer("last_status").annotate(
         machine_count=Count("members"),
         machines_up=Count("members", filter=Q(members__state=MemberState.JOINED)),
         accelerators=Sum("members__accelerators_in_ray"),
-    ).prefetch_related(Prefetch("members", queryset=ClusterMember.objects.filter(role=Role.HEAD).select_related("machine")))
+    ).prefetch_related(Prefetch("members", queryset=heads))
 
 
 # -- finding machines among many (the wizard's machine step, Add machines, join candidates) --------

@@ -324,10 +324,10 @@ def cluster_add_machines(*, cluster: Cluster, machine_ids: list[int], user=None)
             raise ValidationError({"machines": "One of these machines was just put in another cluster; look again."})
         added = []
         for machine_id in machine_ids:
-            candidate, verdict = verdicts[machine_id]
+            _, verdict = verdicts[machine_id]
             added.append(ClusterMember.objects.create(
                 cluster=cluster, machine=locked[machine_id], role=Role.WORKER,
-                address=policy.cluster_address(candidate, cluster.network), runtime_image_id=verdict.runtime.id,
+                address=verdict.address, runtime_image_id=verdict.runtime.id,
             ).pk)
         for machine_id in machine_ids:
             live.push("machines", part=str(machine_id))

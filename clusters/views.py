@@ -58,11 +58,12 @@ def cluster_new(request):
     if context["step"] == "machines":
         context.update(_machines_step(state, found))
     elif context["step"] == "network":
-        context.update(_machines_step(state, found))
-        if context["can_continue"]:
-            context.update(_network_step(state))
+        # Only the ticked machines: the step shows none of the others.
+        picked, _, blocking = _selection(state)
+        if picked and not blocking:
+            context.update(_network_step(state, picked), picked_candidates=picked)
         else:
-            context["step"] = "machines"
+            context.update(_machines_step(state, found), step="machines")
     template = "clusters/wizard.html#wizard" if request.htmx and not request.htmx.history_restore_request else "clusters/wizard.html"
     response = render(request, template, context)
     patch_vary_headers(response, ["HX-Request"])
@@ -80,25 +81,32 @@ def _finder(found: selectors.MachineFilter, listed: selectors.MachinePage) -> di
     return {"found": found, "listed": listed, "kinds": selectors.machine_kinds(), "machine_states": MachineState.choices}
 
 
-def _machines_step(state, found: selectors.MachineFilter) -> dict:
-    """The picked machines first, then one page of the others the filter finds: never all of them."""
+def _selection(state, shown=()) -> tuple[list[planning.Candidate], dict, list[str]]:
+    """The ticked machines, the verdicts on them and on ``shown``, and the messages that block Next;
+    settles the head (the one chosen, else the suggested one) in ``state``."""
     picked = selectors.candidates(state["picked"])
-    listed = selectors.machines_page(found, exclude=state["picked"])
-    shown = selectors.candidates(listed.ids)
     head = state["head"] if state["head"] in state["picked"] else planning.suggest_head(picked)
     verdicts = planning.pick_check([*picked, *shown], selectors.image_builds(), head_id=head)
     # A picked machine that cannot serve blocks Next until it is taken out of the selection.
     blocking = [verdicts[c.id].refusal for c in picked if not verdicts[c.id].selectable]
-    suggested = planning.suggest_head(picked)
     state["head"] = head
+    return picked, verdicts, blocking
+
+
+def _machines_step(state, found: selectors.MachineFilter) -> dict:
+    """The picked machines first, then one page of the others the filter finds: never all of them."""
+    listed = selectors.machines_page(found, exclude=state["picked"])
+    shown = selectors.candidates(listed.ids)
+    picked, verdicts, blocking = _selection(state, shown)
+    suggested = planning.suggest_head(picked)
     return {"picked_rows": _machine_rows(picked, verdicts, picked=state["picked"], suggested=suggested),
             "rows": _machine_rows(shown, verdicts), "picked_candidates": picked, "blocking": blocking,
             "can_continue": bool(picked) and not blocking, "suggested_head": suggested, **_finder(found, listed)}
 
 
-def _network_step(state) -> dict:
+def _network_step(state, picked: list[planning.Candidate]) -> dict:
     probe_job = selectors.probe_job(state["probe"])
-    context = pages.network_view(state, probe_job)
+    context = pages.network_view(state, probe_job, picked)
     if probe_job:
         context["live_topics"] = f"topic=probe:{probe_job.pk}"
     return context
@@ -155,6 +163,11 @@ def cluster_detail(request, pk: int):
     return render(request, "clusters/cluster_detail.html", context)
 
 
+def _cluster_or_404(pk: int) -> Cluster:
+    """The cluster, for the pages that do not show its raw status: that stays in the database."""
+    return get_object_or_404(Cluster.objects.defer("last_status"), pk=pk)
+
+
 # -- what the buttons do -----------------------------------------------------------------------------
 
 
@@ -189,7 +202,7 @@ cluster_check = _button("cluster_check_now", "Looking at {name} now: the result 
 
 def cluster_delete(request, pk: int):
     """GET: what deleting does; POST: delete (at once, or stopped first by a job)."""
-    cluster = get_object_or_404(Cluster, pk=pk)
+    cluster = _cluster_or_404(pk)
     if request.method == "POST":
         name = cluster.name
         try:
@@ -202,7 +215,7 @@ def cluster_delete(request, pk: int):
         else:
             messages.success(request, f"Deleting {name}: it is stopped on its machines first, then its record goes.")
         return redirect("clusters:list")
-    return render(request, "clusters/cluster_confirm.html", pages.cluster_cards(cluster) | {
+    return render(request, "clusters/cluster_confirm.html", pages.cluster_cards(cluster, status=False) | {
         "confirm": "delete",
         "stopped": cluster.state == ClusterState.STOPPED,
     })
@@ -210,7 +223,7 @@ def cluster_delete(request, pk: int):
 
 def cluster_add(request, pk: int):
     """Add machines to a running cluster: every machine outside it, with the reason when it cannot join."""
-    cluster = get_object_or_404(Cluster, pk=pk)
+    cluster = _cluster_or_404(pk)
     picked, errors = _ids(request.GET.getlist("machines")), []
     if request.method == "POST":
         picked = _ids(request.POST.getlist("machines"))
@@ -228,7 +241,7 @@ def cluster_add(request, pk: int):
     rows = _machine_rows(candidates, by_id, picked=picked)
     # The ticked ones first, then the page the filter found.
     rows.sort(key=lambda r: (not r["picked"], r["candidate"].name))
-    cards = pages.cluster_cards(cluster)
+    cards = pages.cluster_cards(cluster, status=False)
     context = cards | {"rows": rows, "errors": errors, "selectable": sum(1 for r in rows if r["verdict"].selectable),
                        **_finder(found, listed)}
     return render(request, "clusters/cluster_add.html", context, status=400 if errors else 200)
@@ -249,7 +262,7 @@ def cluster_member_remove(request, pk: int, machine_id: int):
 
 def cluster_runtime_switch(request, pk: int):
     """GET: what switching does; POST: switch to the newest certified build (a restart)."""
-    cluster = get_object_or_404(Cluster, pk=pk)
+    cluster = _cluster_or_404(pk)
     if request.method == "POST":
         try:
             job = services.cluster_switch_runtime(cluster=cluster, user=request.user)
@@ -261,12 +274,13 @@ def cluster_runtime_switch(request, pk: int):
         else:
             messages.success(request, f"Restarting {cluster.name} on the new build.")
         return redirect(cluster)
-    return render(request, "clusters/cluster_confirm.html", pages.cluster_cards(cluster) | pages.runtime_card(cluster) | {"confirm": "switch"})
+    cards = pages.cluster_cards(cluster, status=False)
+    return render(request, "clusters/cluster_confirm.html", cards | pages.runtime_card(cluster, cards["members"]) | {"confirm": "switch"})
 
 
 def cluster_network(request, pk: int):
     """GET: the shared networks, tested and marked; POST: move the cluster to the one picked (a restart)."""
-    cluster = get_object_or_404(Cluster, pk=pk)
+    cluster = _cluster_or_404(pk)
     if request.method == "POST":
         network = request.POST.get("network", "")
         try:
@@ -281,7 +295,7 @@ def cluster_network(request, pk: int):
         return redirect(cluster)
     probe = _head(request.GET.get("probe"))
     probe_job = selectors.probe_job(probe)
-    context = pages.cluster_cards(cluster) | pages.cluster_network_view(cluster, probe_job, request.GET.get("network", ""))
+    context = pages.cluster_cards(cluster, status=False) | pages.cluster_network_view(cluster, probe_job, request.GET.get("network", ""))
     if probe_job:
         context["live_topics"] = f"topic=probe:{probe_job.pk}"
     return render(request, "clusters/cluster_network.html", context)

@@ -204,6 +204,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # A cluster and its members both have a "state": each set of states keeps its own name however
+    # many serializers show it (the list's and the detail's).
+    "ENUM_NAME_OVERRIDES": {
+        "ClusterStateEnum": "clusters.choices.ClusterState",
+        "MemberStateEnum": "clusters.choices.MemberState",
+    },
 }
 
 # SSH to the machines.

@@ -1,4 +1,5 @@
 """Enrolled machines and what they reported about themselves."""
+import functools
 import re
 from collections import Counter
 
@@ -69,10 +70,19 @@ class Machine(models.Model):
 
     def accelerator_summary(self) -> str:
         """``8 x H100 80GB``, or ``4 x A100 40GB + 2 x L4`` on a mixed machine; empty without any."""
-        counts = Counter(short_model(a.model) for a in self.accelerators.all())
-        return " + ".join(f"{n} x {model}" for model, n in counts.items())
+        return accelerator_summary_of((a.model, 1) for a in self.accelerators.all())
 
 
+def accelerator_summary_of(counted) -> str:
+    """``4 x A100 40GB + 2 x L4`` from (model, count) pairs in the machine's order: what
+    ``Machine.accelerator_summary`` says, from rows a query counted."""
+    counts: Counter[str] = Counter()
+    for model, n in counted:
+        counts[short_model(model)] += n
+    return " + ".join(f"{n} x {model}" for model, n in counts.items())
+
+
+@functools.lru_cache(maxsize=256)  # a handful of models, named on every row of every list
 def short_model(model: str) -> str:
     """The model as people say it: ``NVIDIA H100 80GB HBM3`` -> ``H100 80GB``, ``NVIDIA A100-SXM4-40GB`` -> ``A100 40GB``."""
     text = re.sub(r"-(SXM\d*|PCIE)-", " ", model, flags=re.IGNORECASE)

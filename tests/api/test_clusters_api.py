@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 
 from clusters import tasks
 from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, MemberState, Role
-from clusters.models import Cluster, ClusterMember, HealthCheck, RuntimeImage
+from clusters.models import Cluster, ClusterMember, HealthCheck, RuntimeImage, Transfer
 from console.choices import JobState
 from console.models import Job
 from deployments.models import Deployment
@@ -169,6 +169,23 @@ def test_a_cluster_reads_with_its_restarts_next_retry_last_status_and_members_la
     assert body["machines_up"] == 2 and body["accelerators"] == 16
     head = next(m for m in body["members"] if m["role"] == "head")
     assert head["last_status"] == {"ray": "running"}
+
+
+def test_the_list_gives_each_member_without_its_last_status_and_the_cluster_gives_it(api_client, room):
+    ClusterMember.objects.filter(cluster=room, role=Role.HEAD).update(last_status={"ray": "running"})
+    Transfer.objects.create(member=room.members.get(role=Role.HEAD), digest=room.members.first().runtime_image.digest,
+                            what="the runtime image", source="the server", bytes_done=512, bytes_total=1024)
+
+    listed = api_client.get("/api/clusters/").json()["results"][0]
+    one = api_client.get(f"/api/clusters/{room.pk}/").json()
+
+    assert all("last_status" not in m for m in listed["members"])
+    assert next(m for m in one["members"] if m["role"] == "head")["last_status"] == {"ray": "running"}
+    assert {k: v for k, v in one.items() if k != "members"} == {k: v for k, v in listed.items() if k != "members"}
+    assert [{k: v for k, v in m.items() if k != "last_status"} for m in one["members"]] == listed["members"]
+    head = listed["members"][0]
+    assert (head["name"], head["image_bytes_done"], head["image_source"]) == ("gpu-a", 512, "the server")
+    assert head["transfers"][0]["bytes_total"] == 1024
 
 
 # -- stop -------------------------------------------------------------------------------------------

@@ -489,6 +489,12 @@ def test_a_free_healthy_machine_on_the_network_may_join_without_a_warning(verdic
     assert verdict.selectable and verdict.warning == "" and verdict.runtime == BUILDS[0]
 
 
+def test_each_verdict_carries_the_address_the_machine_would_join_with_or_none(verdicts):
+    assert verdicts[FREE.id].address == "198.18.1.18"
+    assert verdicts[TAKEN.id].address == "198.18.1.13"  # refused for another reason, its address all the same
+    assert verdicts[NO_FABRIC.id].address is None
+
+
 def test_the_address_a_machine_joins_with_is_its_address_on_the_cluster_network_without_the_prefix():
     assert cluster_address(FREE, NETWORK) == "198.18.1.18"
     assert cluster_address(FREE, "198.18.0.0/24") == "198.18.0.18"
