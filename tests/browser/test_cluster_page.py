@@ -10,7 +10,7 @@ from clusters import services
 from clusters.choices import ClusterState
 from clusters.models import Cluster
 from machines.models import Machine
-from tests.harness import FABRIC, LAB_CONSOLE_ADDRESS, enrol, images_import, leave_nothing_running
+from tests.harness import FABRIC, LAB_CONSOLE_ADDRESS, enrol, images_import, leave_nothing_running, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
@@ -92,5 +92,5 @@ def test_the_page_says_what_the_console_does_about_a_killed_worker_and_its_butto
     page.wait_for_url(re.compile(r"/clusters/$"))
     expect(page.locator("main table")).not_to_contain_text("gpu-room", timeout=LIVE)
     expect(page.locator("main table")).to_contain_text("No clusters yet")
-    assert not Cluster.objects.exists()
+    wait_for(lambda: not Cluster.objects.exists(), timeout=30, what="gpu-room's record to go")
     assert Machine.objects.filter(membership__isnull=True).count() == 3
