@@ -17,18 +17,22 @@ def three_machines(lab):
     leave_nothing_running(Machine.objects.all())
 
 
+def picked(machines) -> re.Pattern:
+    """The wizard's URL once it holds these machines (and maybe others)."""
+    return re.compile("".join(rf"(?=.*machines=(?:[^&]*(?:,|%2C))?{m.pk}(?:&|,|%2C|$))" for m in machines))
+
+
 def test_the_wizard_creates_a_cluster_on_the_suggested_network_and_the_bars_fill(page, three_machines):
     page.goto("/clusters/new/")
     page.fill("#cluster-name", "gpu-room")
     page.click("#wizard button[type=submit]")
-    for machine in three_machines:
+    for count, machine in enumerate(three_machines, start=1):
         expect(page.locator(f"input[name=machines][value='{machine.pk}']")).to_be_enabled()
         page.check(f"input[name=machines][value='{machine.pk}']")
+        # Each tick's answer is in (its URL pushed, with the machines so far) before the next: a tick
+        # replaced in flight pushes nothing, and the back button below needs an earlier selection to go to.
+        expect(page).to_have_url(picked(three_machines[:count]))
     expect(page.locator("#wizard")).to_contain_text("runs NVIDIA x86_64 Runtime 2.x")
-    # The last tick's answer is in (its URL pushed, with every machine) before going back: else the
-    # back button would go from an earlier entry, wherever the tick in flight had got to.
-    expect(page).to_have_url(re.compile("".join(rf"(?=.*machines=(?:[^&]*(?:,|%2C))?{m.pk}(?:&|,|%2C|$))"
-                                                for m in three_machines)))
     page.go_back()  # the back button shows an earlier selection from the URL, not an empty form
     page.wait_for_load_state("networkidle")  # htmx fetches the earlier step from its URL
     expect(page.locator(".wizard-steps .is-current")).to_have_text("Pick machines")
