@@ -17,7 +17,6 @@ limit (one copy over the slowest link on the way plus the pipeline's fill:
 one window per hop), their ratio, and the bytes the server sent.
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -36,10 +35,6 @@ def sh(*argv: str, check: bool = True) -> str:
     if check and result.returncode != 0:
         sys.exit(f"{' '.join(argv)} failed: {result.stderr.strip()}")
     return result.stdout
-
-
-def lab(*args: str) -> str:
-    return sh(sys.executable, "-m", "lab", *args)
 
 
 def write_spec(path: Path, machines: int, fabric_mbit: int) -> None:
@@ -82,30 +77,27 @@ def main() -> None:
     from clusters.models import Cluster, ClusterMember, Transfer
     from clusters.transfer import distribute
     from console.jobs import JobContext, job_create
+    from lab import DEFAULT_STATE_DIR
     from machines import remote
-    from machines.models import Machine
-    from machines.remote import console_key_path, console_public_key
-    from machines.services import machine_create, machine_target
+    from machines.agent_client import Agent, FileSource, FileSpec
+    from machines.services import machine_target
+    from tests.harness import console_lab, enrol
 
     call_command("migrate", verbosity=0)
-    console_public_key()
     spec = data_dir / "spec.toml"
     write_spec(spec, args.machines, args.fabric_mbit)
-    lab("down")
-    lab("up", "--spec", str(spec), "--authorized-key", str(console_key_path().with_suffix(".pub")))
+    lab = console_lab(os.environ.get("FADEN_LAB_DIR", DEFAULT_STATE_DIR))
+    lab.down()
+    lab.up(spec)
     web = subprocess.Popen([sys.executable, "-m", "daphne", "-v", "0", "-b", "198.18.0.1", "-p", str(port), "config.asgi:application"],
                            cwd=ROOT, stderr=subprocess.DEVNULL)
     # The server's link: everything the console sends to the machines leaves through the bridge.
     sh("tc", "qdisc", "replace", "dev", "flb-mgmt", "root", "tbf", "rate", f"{args.server_mbit}mbit",
        "burst", "256kb", "latency", "100ms")
     try:
-        status = json.loads(lab("status", "--json"))["machines"]
-        for m in status:
-            machine_create(name=m["name"], address=m["address"], host_key_fingerprint=m["host_key_fingerprint"])
-        machines = list(Machine.objects.order_by("name"))
-        assert all(m.state == "healthy" for m in machines), [(m.name, m.state_reason) for m in machines]
-        image_path = lab("images", "--size-mib", str(args.size_mib), "--out", str(data_dir / "images")).split()[0]
-        image = images.runtime_image_import(path=Path(image_path))
+        machines = enrol(lab, *sorted(lab.machines()))
+        image_path = lab.images(args.size_mib, data_dir / "images")[0]
+        image = images.runtime_image_import(path=image_path)
         cluster = Cluster.objects.create(name="bench", network="198.18.1.0/24")
         for i, m in enumerate(machines):
             ClusterMember.objects.create(cluster=cluster, machine=m, role="head" if i == 0 else "worker",
@@ -132,14 +124,12 @@ def main() -> None:
         # The naive way: every machine from the server.
         clear_stores()
         token = images.image_download_token(digest=image.digest, cluster_id=cluster.pk)
-        spec_json = json.dumps({"digest": image.digest, "size": image.size_bytes, "chunk_size": image.chunk_size,
-                                "chunk_hashes": image.chunk_hashes,
-                                "source": {"url": f"http://198.18.0.1:{port}/agent/images/{image.digest}/", "token": token}})
+        spec = FileSpec(digest=image.digest, size=image.size_bytes, chunk_size=image.chunk_size, chunk_hashes=image.chunk_hashes)
+        source_url = f"http://198.18.0.1:{port}/agent/images/{image.digest}/"
 
         def naive_fetch(machine) -> int:
-            with remote.connect(machine_target(machine)) as conn:
-                result = remote.run_agent(conn, machine.agent_command("image", "fetch"), stdin=spec_json.encode(), timeout=3600)
-            return int(result["bytes_fetched"])
+            with Agent.open(machine) as agent:
+                return agent.file_fetch(spec, FileSource(url=source_url, token=token), timeout=3600)
 
         started = time.monotonic()
         with ThreadPoolExecutor(len(machines)) as pool:
@@ -149,7 +139,7 @@ def main() -> None:
         sh("tc", "qdisc", "del", "dev", "flb-mgmt", "root", check=False)
         web.terminate()
         web.wait(timeout=30)
-        lab("down")
+        lab.down()
 
     size = image.size_bytes
     bits = size * 8 / 1e6  # megabits in one copy

@@ -10,7 +10,6 @@ prints each machine's enrolment time and the totals. Uses its own SQLite
 database and Redis database 15, so a running console is not disturbed.
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -23,13 +22,6 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-
-def lab(*args: str) -> str:
-    result = subprocess.run([sys.executable, "-m", "lab", *args], cwd=ROOT, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"faden lab {' '.join(args)} failed: {result.stderr.strip()}")
-    return result.stdout
 
 
 def main() -> None:
@@ -53,16 +45,21 @@ def main() -> None:
     from django.core.management import call_command
 
     from console.models import Job
+    from lab import DEFAULT_STATE_DIR
+    from lab.harness import LabCommandError
     from machines import services
     from machines.models import Machine
-    from machines.remote import console_key_path, console_public_key
+    from tests.harness import console_lab
 
     call_command("migrate", verbosity=0)
-    console_public_key()
-    if not args.keep_lab:
-        lab("down")
-        lab("up", "--spec", args.spec, "--authorized-key", str(console_key_path().with_suffix(".pub")))
-    machines = json.loads(lab("status", "--json"))["machines"]
+    lab = console_lab(os.environ.get("FADEN_LAB_DIR", DEFAULT_STATE_DIR))
+    try:
+        if not args.keep_lab:
+            lab.down()
+            lab.up(args.spec)
+    except LabCommandError as exc:
+        sys.exit(str(exc))
+    machines = lab.status()["machines"]
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "config", "worker", "-c", str(len(machines)), "-l", "WARNING", "-P", "threads"],
         cwd=ROOT,
@@ -115,7 +112,7 @@ def main() -> None:
         worker.terminate()
         worker.wait(timeout=30)
         if not args.keep_lab:
-            lab("down")
+            lab.down()
 
     print(f"spec: {Path(args.spec).name}, {len(machines)} machines")
     cores = os.cpu_count()

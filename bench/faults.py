@@ -23,7 +23,6 @@ saw is kept in the file's timelines. The lab goes down at the end, also after an
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,13 +41,6 @@ SHOWN = ("FADEN_HEALTH_INTERVAL", "FADEN_HEALTH_LOOK_AGAIN", "FADEN_RESTART_ATTE
          "FADEN_FAILED_RETRY", "FADEN_RETRY_TICK", "FADEN_HEARTBEAT_INTERVAL", "FADEN_OFFLINE_AFTER",
          "FADEN_JOB_BEAT", "FADEN_JOB_STALE", "FADEN_SSH_CONNECT_TIMEOUT")
 TICKS = {"FADEN_RETRY_TICK": 15, "FADEN_JOB_REAP_TICK": 15}  # beat schedule defaults in config/settings.py
-
-
-def lab(*args: str, check: bool = True) -> str:
-    result = subprocess.run([sys.executable, "-m", "lab", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    if check and result.returncode != 0:
-        raise RuntimeError(f"faden lab {' '.join(args)} failed: {result.stderr.strip()}")
-    return result.stdout
 
 
 class TimedOut(Exception):
@@ -211,10 +203,10 @@ class Watch:
 
 
 class Bench:
-    def __init__(self, args, intervals: dict):
+    def __init__(self, args, intervals: dict, lab):
         from django.conf import settings
 
-        self.args = args
+        self.args, self.lab = args, lab
         self.value = {name: int(intervals.get(name, getattr(settings, name, TICKS.get(name, 0)))) for name in {*SHOWN, *TICKS}}
         self.cluster_id = 0
 
@@ -224,10 +216,8 @@ class Bench:
         return 2 * self.value["FADEN_HEALTH_INTERVAL"] + self.value["FADEN_HEALTH_LOOK_AGAIN"] + 120
 
     def fault(self, row: Row, machine: str, *kind: str) -> Watch:
-        from tests.lab_fixtures import lab_fault
-
         watch = Watch(self.cluster_id, row)
-        lab_fault(machine, *kind)
+        self.lab.fault(machine, *kind)
         watch.t0 = time.monotonic()  # the fault is in place
         return watch
 
@@ -247,15 +237,13 @@ class Bench:
         once a check that began after link-up found all well."""
         from django.utils import timezone
 
-        from tests.lab_fixtures import lab_fault
-
         watch = self.fault(row, "lab-b", "link-down", "fabric")
         try:
             watch.until(lambda s: False, timeout=self.args.link_down, what="")
         except TimedOut:
             pass
         finally:
-            lab_fault("lab-b", "link-up", "fabric")
+            self.lab.fault("lab-b", "link-up", "fabric")
             row.repaired_at, up = watch.now(), timezone.now()
         watch.until(lambda s: row.first_sign is not None or watch.checked_since(up), timeout=self.sign_timeout, what="a check after link-up")
         if row.first_sign is None:
@@ -265,19 +253,16 @@ class Bench:
 
     def worker_partition(self, row: Row) -> None:
         """Down until the console shows it (Ray marks the node dead first), then up."""
-        from tests.lab_fixtures import lab_fault
-
         watch = self.fault(row, "lab-b", "link-down", "fabric")
         try:
             watch.until(lambda s: not s.all_up, timeout=self.sign_timeout + 300, what="a first sign")
         finally:
-            lab_fault("lab-b", "link-up", "fabric")
+            self.lab.fault("lab-b", "link-up", "fabric")
             row.repaired_at = watch.now()
         row.ready = watch.until(lambda s: s.all_up, timeout=900, what="Running again")
 
     def worker_power(self, row: Row) -> None:
         from clusters.choices import CheckOutcome
-        from tests.lab_fixtures import lab_fault
 
         watch = self.fault(row, "lab-c", "power-off")
         try:  # off until the console says it waits for lab-c, as it does while a worker is offline
@@ -285,13 +270,12 @@ class Bench:
                         what="a check that waits for lab-c")
         except TimedOut as exc:
             row.note = f"Powered on without a check that waited for lab-c ({exc})."
-        lab_fault("lab-c", "power-on")
+        self.lab.fault("lab-c", "power-on")
         row.repaired_at = watch.now()
         row.ready = watch.until(lambda s: s.all_up, timeout=900, what="Running again")
 
     def head_power(self, row: Row) -> None:
         from clusters.choices import ClusterState
-        from tests.lab_fixtures import lab_fault
 
         v = self.value
         pauses = sum(v["FADEN_RESTART_PAUSE"] * 2 ** i for i in range(v["FADEN_RESTART_ATTEMPTS"] - 1))
@@ -300,7 +284,7 @@ class Bench:
         try:
             row.failed_at = watch.until(lambda s: s.state == ClusterState.FAILED, timeout=timeout, what="Failed")
         finally:
-            lab_fault("lab-a", "power-on")
+            self.lab.fault("lab-a", "power-on")
             row.repaired_at = watch.now()
         row.ready = watch.until(lambda s: s.all_up, timeout=900, what="Running again")
 
@@ -320,16 +304,13 @@ class Bench:
 
         from django.utils import timezone
 
-        from clusters import services
+        from clusters import selectors
         from clusters.choices import CheckOutcome
         from clusters.models import Cluster, HealthCheck
         from console.models import Job
-        from tests.lab_cluster import all_up
-        from tests.lab_fixtures import lab_fault
+        from tests.harness import all_up
 
-        for machine in MACHINES:
-            lab_fault(machine, "power-on")
-            lab_fault(machine, "link-up", "fabric")
+        self.lab.heal()
 
         def quiet() -> bool:
             cluster = Cluster.objects.get(pk=self.cluster_id)
@@ -502,13 +483,7 @@ def main() -> None:
     django.setup()
     from django.core.management import call_command
 
-    from clusters import images
-    from machines.choices import MachineState
-    from machines.models import Machine
-    from machines.remote import console_key_path, console_public_key
-    from machines.services import machine_create
-    from tests.lab_cluster import IMAGE_MIB, INTERVALS, running, wait_for
-    from tests.lab_fixtures import lab_status
+    from tests.harness import IMAGE_MIB, INTERVALS, console_lab, enrol, images_import, running
     from tests.processes import console_processes
 
     intervals, stated = (dict(INTERVALS), ["Shortened intervals (--fast, the lab tests' own)"]) if args.fast else ({}, [])
@@ -516,28 +491,20 @@ def main() -> None:
         if getattr(args, option) is not None:
             intervals[name] = str(getattr(args, option))
             stated.append(f"{name}={intervals[name]} instead of the default (--{option.replace('_', '-')})")
-    bench = Bench(args, intervals)
 
     call_command("migrate", verbosity=0)
-    console_public_key()
-    lab("up", "--authorized-key", str(console_key_path().with_suffix(".pub")))
+    lab = console_lab(data_dir / "lab")
+    bench = Bench(args, intervals, lab)
+    lab.up()
     try:
         with console_processes(beat=True, env=intervals, enqueue=True):
-            status = {m["name"]: m for m in lab_status()["machines"]}
-            for name in MACHINES:
-                machine_create(name=name, address=status[name]["address"], ssh_port=22, ssh_user="root",
-                               host_key_fingerprint=status[name]["host_key_fingerprint"])
-            machines = [wait_for(lambda n=n: Machine.objects.filter(name=n, state=MachineState.HEALTHY).first(),
-                                 timeout=120, what=f"{n} to enrol") for n in MACHINES]
-            built = lab("images", "--size-mib", str(IMAGE_MIB), "--out", str(data_dir / "images"))
-            for line in built.splitlines():
-                if line.strip().endswith(".img"):
-                    images.runtime_image_import(path=Path(line.split()[-1]))
+            machines = enrol(lab, *MACHINES, timeout=120)
+            images_import(lab, IMAGE_MIB, data_dir / "images")
             bench.cluster_id = running(CLUSTER, machines, timeout=300).pk
             print(f"cluster {CLUSTER} running on {', '.join(MACHINES)} after {time.monotonic() - started:.0f} s", flush=True)
             rows = bench.run(names)
     finally:
-        lab("down", check=False)
+        lab.run("down", check=False)
     wall = time.monotonic() - started
     command = " ".join([".venv/bin/python", os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
     text = report(bench, rows, command=command, wall=wall, stated=stated)

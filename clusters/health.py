@@ -100,7 +100,10 @@ def _record_member_states(cluster: Cluster, members: list[ClusterMember], findin
                                last_status=status)
         elif finding and finding.problem == policy.NO_ANSWER:
             row.update(state_reason=finding.text, last_status=status)  # still a live node of Ray: not out of the cluster
-        elif finding and member.state != MemberState.REJOINING:
+        elif finding and member.state in (MemberState.REJOINING, MemberState.FAILED):
+            # Being joined again, or never joined (its own reason says why): not "was up, now gone".
+            row.update(last_status=status)
+        elif finding:
             members_transition(row, to=MemberState.DOWN, reason=finding.text, last_status=status)
         elif node and node.get("alive") and member.state in DOWN_STATES:
             members_transition(row, to=MemberState.JOINED, accelerators_in_ray=int(node.get("gpus") or 0),

@@ -8,11 +8,13 @@ from tests.factories import AcceleratorFactory, MachineFactory, NetworkInterface
 NETWORK = "198.18.1.0/24"  # the cluster's network
 
 
-def gpu_machine(name: str, host: int, *, accelerators: int = 8, cluster_network: bool = True, **fields) -> Machine:
-    """An enrolled NVIDIA x86_64 machine on the management network and (unless told otherwise) the cluster network."""
+def gpu_machine(name: str, host: int, *, accelerators: int = 8, vendor: str = "nvidia", model: str = "NVIDIA H100 80GB HBM3",
+                cluster_network: bool = True, **fields) -> Machine:
+    """An enrolled machine (NVIDIA H100 x86_64 unless told otherwise) on the management network and
+    (unless told otherwise) the cluster network."""
     machine = MachineFactory(name=name, address=f"198.18.0.{host}", agent_path="/opt/fadenstack/agent/a.pyz", **fields)
     for _ in range(accelerators):
-        AcceleratorFactory(machine=machine)
+        AcceleratorFactory(machine=machine, vendor=vendor, model=model)
     NetworkInterfaceFactory(machine=machine, name="eth0", addresses=[f"198.18.0.{host}/24"], default_route=True, management=True)
     if cluster_network:
         NetworkInterfaceFactory(machine=machine, name="eth1", addresses=[f"198.18.1.{host}/24"])
@@ -25,9 +27,10 @@ def build(version: str, *, certified: bool = True) -> RuntimeImage:
                                        path=f"/images/{version}.img", certified=certified)
 
 
-def cluster_of(machines, *, state=ClusterState.RUNNING, name="gpu-room", runtime=None, **fields) -> Cluster:
+def cluster_of(machines, *, state=ClusterState.RUNNING, name="gpu-room", runtime=None, state_reason="As the test left it.",
+               **fields) -> Cluster:
     """A cluster written straight to the database: the first machine leads; members are up when it runs."""
-    cluster = Cluster.objects.create(name=name, state=state, network=NETWORK, state_reason="As the test left it.", **fields)
+    cluster = Cluster.objects.create(name=name, state=state, network=NETWORK, state_reason=state_reason, **fields)
     for index, machine in enumerate(machines):
         host = machine.address.rsplit(".", 1)[1]
         ClusterMember.objects.create(

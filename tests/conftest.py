@@ -1,11 +1,33 @@
 """Fixtures shared by the unit, API and live tests.
 
 Nothing here is autouse and nothing touches the database unless a test asks
-for it: tests/agent and tests/lab run without Django's database.
+for it: tests/agent and tests/lab run without Django's database. The lab's
+fixtures (built once per run) are in tests/lab_fixtures.py.
 """
 import uuid
 
 import pytest
+
+pytest_plugins = ["tests.lab_fixtures"]
+
+
+@pytest.fixture(scope="module")
+def module_db(django_db_setup, django_db_blocker):
+    """The test database for a module whose tests build on each other (one console, one cluster): open
+    for the whole module, not wrapped in a transaction, emptied at its end. Its tests carry no
+    ``django_db`` mark (that would empty it after each one)."""
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test.utils import setup_databases, teardown_databases
+
+    with django_db_blocker.unblock():
+        # pytest-django makes the test database only when a collected test is marked for it.
+        made = None if connection.settings_dict["NAME"] == connection.creation._get_test_db_name() else \
+            setup_databases(verbosity=0, interactive=False, aliases={"default"})
+        yield
+        call_command("flush", interactive=False, verbosity=0)
+        if made:
+            teardown_databases(made, verbosity=0)
 
 
 @pytest.fixture

@@ -1,66 +1,85 @@
-"""The lab as fixtures: up once per test package that imports them, with the console's key on its machines."""
-import json
+"""The lab as fixtures (a plugin of tests/conftest.py): built once for the whole test run with the
+console's key on its machines, healed between modules, taken down at the end.
+
+- ``lab``: the lab, up, with every fault of an earlier module undone (power, links, sshd, ports, disks);
+  a module that injects faults undoes its own as well, but a failed test may leave one behind.
+- ``fresh_lab``: for the modules that test the lab itself (its `up`, its `down`, a machine's files as
+  `up` made them): the lab taken down and put up again for them; the next module finds it up again.
+- ``lab_machine(name)``: a machine's status now (its address, its host key as it is now).
+- ``console_url``: the in-process live server as the machines reach it (for heartbeats).
+"""
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
 import pytest
 
+from django.core.exceptions import ImproperlyConfigured
+
+from lab.harness import AnotherLabIsUp, Lab, make_key
+from tests.harness import LAB_CONSOLE_ADDRESS, console_lab
+
 # Machines post heartbeats to the live server at the lab's bridge address, so it listens on every address.
 os.environ.setdefault("DJANGO_LIVE_TEST_SERVER_ADDRESS", "0.0.0.0")
 
-LAB_CONSOLE_ADDRESS = "198.18.0.1"
 
+def lab_missing() -> str | None:
+    """Why this host cannot hold the lab, or None."""
+    from lab import util as lab_util
 
-def _lab(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lab", *args], capture_output=True, text=True, timeout=300)
-
-
-@pytest.fixture(scope="package")
-def lab_dir():
     if os.geteuid() != 0:
-        pytest.skip("the lab needs root (network namespaces)")
+        return "the lab needs root (network namespaces)"
     if shutil.which("sshd") is None and not os.path.exists("/usr/sbin/sshd"):
-        pytest.skip("the lab needs OpenSSH's sshd (apt-get install openssh-server)")
-    directory = tempfile.mkdtemp(prefix="fadenstack-lab-")
-    os.environ["FADEN_LAB_DIR"] = directory
-    yield directory
-    os.environ.pop("FADEN_LAB_DIR", None)
+        return "the lab needs OpenSSH's sshd (apt-get install openssh-server)"
+    if not (shutil.which("ssh") and shutil.which("ssh-keygen") and shutil.which("ssh-keyscan")):
+        return "the lab tests need the OpenSSH client (ssh, ssh-keygen, ssh-keyscan)"
+    return lab_util.missing_host_support()
 
 
-@pytest.fixture(scope="package")
-def lab(lab_dir, django_db_blocker):
-    """The default lab: lab-a .. lab-e. Yields `faden lab status --json`."""
-    from machines.remote import console_key_path, console_public_key
-
-    with django_db_blocker.unblock():
-        console_public_key()
-    up = _lab("up", "--authorized-key", str(console_key_path().with_suffix(".pub")))
-    assert up.returncode == 0, up.stderr
+@pytest.fixture(scope="session")
+def lab_session():
+    """The lab of this test run (lab-a .. lab-e), put up when a module first asks for it."""
+    if reason := lab_missing():
+        pytest.skip(reason)
+    state_dir = tempfile.mkdtemp(prefix="fadenstack-lab-")
     try:
-        yield lab_status()
+        lab = console_lab(state_dir)
+    except ImproperlyConfigured:  # -p no:django (tests/lab, tests/agent): a key of the lab's own
+        lab = Lab(state_dir, key=make_key(f"{state_dir}.key/id_ed25519"))
+    os.environ["FADEN_LAB_DIR"] = str(lab.state_dir)  # `faden lab ...` by hand, and the console's processes
+    try:
+        yield lab
     finally:
-        down = _lab("down")
-        assert down.returncode == 0, down.stderr
+        lab.run("down", check=False)
+        os.environ.pop("FADEN_LAB_DIR", None)
 
 
-def lab_status() -> dict:
-    status = _lab("status", "--json")
-    assert status.returncode == 0, status.stderr
-    return json.loads(status.stdout)
+def _up(lab: Lab) -> Lab:
+    try:
+        lab.up()
+    except AnotherLabIsUp as refused:
+        pytest.fail(f"{refused} (one lab per host; is someone else's test run or bench using it?)")
+    return lab
 
 
-def lab_fault(machine: str, *kind: str) -> None:
-    result = _lab("fault", machine, *kind)
-    assert result.returncode == 0, result.stderr
+@pytest.fixture(scope="module")
+def lab(lab_session) -> Lab:
+    _up(lab_session)
+    lab_session.heal()
+    yield lab_session
+    lab_session.heal()
+
+
+@pytest.fixture(scope="module")
+def fresh_lab(lab_session) -> Lab:
+    lab_session.down()
+    yield _up(lab_session)
+    lab_session.heal()
 
 
 @pytest.fixture
 def lab_machine(lab):
-    machines = {m["name"]: m for m in lab["machines"]}
-    return lambda name: {**machines[name], **{m["name"]: m for m in lab_status()["machines"]}[name]}
+    return lab.machine
 
 
 @pytest.fixture

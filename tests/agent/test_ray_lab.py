@@ -1,11 +1,11 @@
 """Ray for real in the lab, driven through the agent over SSH: a head on
 lab-a, lab-b joining it, Ray's own status, a taken port on lab-c, stopping.
 
-Needs root (it brings the default lab up with a temporary FADEN_LAB_DIR and a
-throwaway key, and takes it down at the end).  Other engineers share the lab:
-run it as
+Needs root: it takes the test run's lab (tests/lab_fixtures.py) down and puts
+it up anew, and takes it down at the end (Ray left running must go with it).
+One lab per host: run it as
 
-    flock /tmp/fadenstack-lab-user.lock .venv/bin/python -m pytest tests/agent/test_ray_lab.py -q -p no:django
+    flock /tmp/fadenstack-lab-user.lock .venv/bin/python -m pytest tests/agent/test_ray_lab.py -q
 
 The timings (head start, join, status) and the memory of each Ray node are
 printed (``-s`` shows them) and kept in ``TIMINGS``.
@@ -13,7 +13,6 @@ printed (``-s`` shows them) and kept in ``TIMINGS``.
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import zipapp
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from lab.harness import SSH_OPTIONS
 
 pytestmark = pytest.mark.lab
 
@@ -32,26 +33,21 @@ DIGEST = "5e" * 32
 MGMT = {"lab-a": "198.18.0.11", "lab-b": "198.18.0.12", "lab-c": "198.18.0.13"}
 FABRIC = {"lab-a": "198.18.1.11", "lab-b": "198.18.1.12", "lab-c": "198.18.1.13"}
 HEAD = FABRIC["lab-a"] + ":6379"
-SSH_OPTIONS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
-               "-o", "ConnectTimeout=5", "-o", "LogLevel=ERROR"]
 TIMINGS = {}
 
 
-class Lab:
-    def __init__(self, base, key):
-        self.key = key
-        self.env = dict(os.environ, FADEN_LAB_DIR=os.path.join(base, "state"), FADEN_LAB_AUTHORIZED_KEY="")
+class RayLab:
+    """The lab, its machines by name, and the agent on them (run from /tmp, outside the console)."""
+
+    def __init__(self, lab):
+        self.lab = lab
+        self.leftover = {}
 
     def run(self, *args, check=True):
-        result = subprocess.run([sys.executable, "-m", "lab"] + list(args), cwd=REPO, env=self.env,
-                                capture_output=True, text=True, timeout=120)
-        if check:
-            assert result.returncode == 0, result.stderr
-        return result
+        return self.lab.run(*args, check=check, timeout=120)
 
     def ssh(self, machine, command, timeout=150):
-        return subprocess.run(["ssh", "-i", self.key] + SSH_OPTIONS + ["root@" + MGMT[machine], command],
-                              capture_output=True, text=True, timeout=timeout)
+        return self.lab.ssh(MGMT[machine], command, timeout=timeout)
 
     def agent(self, machine, *args):
         """Run the agent on a machine; (final event, all events, seconds)."""
@@ -103,30 +99,12 @@ def alive(pids):
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the lab needs root")
-    from lab import util as lab_util
-
-    reason = lab_util.missing_host_support()
-    if reason:
-        pytest.skip(reason)
-    if not (shutil.which("ssh") and shutil.which("scp") and shutil.which("ssh-keygen")):
-        pytest.skip("the OpenSSH client (ssh, scp, ssh-keygen) is not installed")
+def lab(fresh_lab, tmp_path_factory):
     if not os.access(os.path.join(sys.prefix, "bin", "ray"), os.X_OK):
         pytest.skip("Ray is not installed in %s (the `lab` extra)" % sys.prefix)
     base = str(tmp_path_factory.mktemp("raylab"))
-    key = os.path.join(base, "id_ed25519")
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key], check=True)
-    running = Lab(base, key)
-    started = time.monotonic()
-    result = running.run("up", "--authorized-key", key + ".pub", check=False)
-    if result.returncode != 0 and re.search(r"another lab is up|lab leftovers|already exists on the host",
-                                            result.stderr):
-        pytest.skip("this host holds another lab (one at a time): %s" % result.stderr.strip())
-    assert result.returncode == 0, result.stderr
-    TIMINGS["lab_up"] = round(time.monotonic() - started, 1)
-    leftover = {}
+    running = RayLab(fresh_lab)
+    TIMINGS["lab_up"] = round(fresh_lab.up_seconds, 1)
     try:
         pyz = build_zip(base)
         loaded = json.dumps({"digest": DIGEST, "manifest": {"name": "faden-runtime", "version": "2.0.0",
@@ -135,8 +113,8 @@ def lab(tmp_path_factory):
                  "loaded.json && python3 %s runtime start --digest %s" % (loaded, AGENT, DIGEST))
 
         def install(machine):
-            copy = subprocess.run(["scp", "-q", "-i", key] + SSH_OPTIONS + [pyz, "root@%s:%s" % (MGMT[machine],
-                                                                                             AGENT)],
+            copy = subprocess.run(["scp", "-q", "-i", str(fresh_lab.key), *SSH_OPTIONS,
+                                   pyz, "root@%s:%s" % (MGMT[machine], AGENT)],
                                   capture_output=True, text=True, timeout=60)
             assert copy.returncode == 0, copy.stderr
             return running.ssh(machine, setup)
@@ -144,7 +122,6 @@ def lab(tmp_path_factory):
         with ThreadPoolExecutor(3) as pool:
             for result in pool.map(install, ["lab-a", "lab-b", "lab-c"]):
                 assert '"event":"result"' in result.stdout, result.stdout + result.stderr
-        running.leftover = leftover
         yield running
     finally:
         started = time.monotonic()
@@ -152,7 +129,7 @@ def lab(tmp_path_factory):
         TIMINGS["lab_down"] = round(time.monotonic() - started, 1)
         print("\nRay in the lab: %s" % json.dumps(TIMINGS, sort_keys=True))
         # Ray that still ran at `down` (a node whose head was stopped) went with its machine.
-        assert not alive(leftover.get("pids", [])), "Ray processes survived `faden lab down`"
+        assert not alive(running.leftover.get("pids", [])), "Ray processes survived `faden lab down`"
 
 
 @pytest.fixture(scope="module")

@@ -7,58 +7,27 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from clusters import tasks
-from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, MemberState, Role
-from clusters.models import Cluster, ClusterMember, HealthCheck, RuntimeImage, Transfer
+from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, Role
+from clusters.models import Cluster, ClusterMember, HealthCheck, Transfer
 from console.choices import JobState
 from console.models import Job
 from deployments.models import Deployment
 from machines.choices import MachineState
 from machines.models import Machine
-from tests.factories import AcceleratorFactory, JobFactory, MachineFactory, NetworkInterfaceFactory
+from tests.builders import NETWORK, build, cluster_of, gpu_machine
+from tests.factories import AcceleratorFactory, JobFactory
 
 pytestmark = pytest.mark.django_db
 
-NETWORK = "198.18.1.0/24"  # the cluster's network: every machine below has an address on it
-MANAGEMENT = "198.18.0.0/24"  # the other network they share
+MANAGEMENT = "198.18.0.0/24"  # the other network the machines share with the cluster's (NETWORK)
 
 
-# -- the machines, the builds and the clusters ----------------------------------------------------
-
-
-def gpu_machine(name: str, host: int, *, cluster_network: bool = True, **fields) -> Machine:
-    """An enrolled NVIDIA x86_64 machine with 8 accelerators, on the management network and (unless
-    told otherwise) on the cluster network."""
-    machine = MachineFactory(name=name, address=f"198.18.0.{host}", **fields)
-    for _ in range(8):
-        AcceleratorFactory(machine=machine)
-    NetworkInterfaceFactory(machine=machine, name="eth0", addresses=[f"198.18.0.{host}/24"], default_route=True, management=True)
-    if cluster_network:
-        NetworkInterfaceFactory(machine=machine, name="eth1", addresses=[f"198.18.1.{host}/24"])
-    return machine
-
-
-def build(version: str) -> RuntimeImage:
-    return RuntimeImage.objects.create(name="NVIDIA x86_64 Runtime", version=version, digest=f"sha256:{version:0>64}",
-                                       size_bytes=1024, arch="x86_64", accelerator_vendor="nvidia", path=f"/images/{version}.img")
+# -- the builds and the clusters (tests/builders.py) -----------------------------------------------
 
 
 @pytest.fixture
 def runtime():
     return build("2.1.0")
-
-
-def cluster_of(machines, *, state=ClusterState.RUNNING, name="gpu-room", runtime=None, network=NETWORK) -> Cluster:
-    """A cluster written straight to the database: the first machine leads, every member joined."""
-    cluster = Cluster.objects.create(name=name, state=state, network=network, state_reason="As the test left it.")
-    for index, machine in enumerate(machines):
-        host = machine.address.rsplit(".", 1)[1]
-        ClusterMember.objects.create(
-            cluster=cluster, machine=machine, role=Role.HEAD if index == 0 else Role.WORKER,
-            address=f"{network.rsplit('.', 1)[0]}.{host}", runtime_image=runtime,
-            state=MemberState.JOINED if state == ClusterState.RUNNING else MemberState.STOPPED,
-            accelerators_in_ray=8 if state == ClusterState.RUNNING else 0,
-        )
-    return cluster
 
 
 @pytest.fixture

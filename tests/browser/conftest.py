@@ -4,7 +4,6 @@ import shutil
 
 import pytest
 
-from tests.lab_fixtures import lab, lab_dir, lab_machine  # noqa: F401
 from tests.processes import console_processes
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs an event loop
@@ -12,24 +11,30 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PASSWORD = "a-browser-test-password"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def console_options() -> dict:
     """What the console's processes get: a test module overrides this (beat, shortened intervals)."""
     return {}
 
 
-@pytest.fixture
-def console(transactional_db, settings, console_options):
-    """The console's URL; its web server and worker see what the test writes (committed)."""
+@pytest.fixture(scope="module")
+def console_processes_of_module(console_options, django_db_setup):
+    """Daphne and a worker (and beat, when the module asks), started once for the module's tests."""
     if not os.path.exists(CHROMIUM):
         pytest.skip("browser tests need Chromium (apt-get install chromium)")
+    with console_processes(**console_options) as processes:
+        yield processes
+
+
+@pytest.fixture
+def console(console_processes_of_module, transactional_db):
+    """The console's URL; its web server and worker see what the test writes (committed)."""
     from tests.factories import UserFactory
 
     admin = UserFactory(username="admin")
     admin.set_password(PASSWORD)
     admin.save()
-    with console_processes(**console_options) as processes:
-        yield processes.url
+    return console_processes_of_module.url
 
 
 @pytest.fixture

@@ -1,38 +1,37 @@
 """The Create a cluster wizard in Chromium, on the lab: pick, test the networks, create, watch it start."""
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
-from clusters import images
-from machines.services import machine_create
+from machines.models import Machine
+from tests.harness import enrol, images_import, leave_nothing_running
 
 pytestmark = [pytest.mark.browser, pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
-def three_machines(lab, lab_dir, lab_machine):
-    built = subprocess.run([sys.executable, "-m", "lab", "images", "--size-mib", "48", "--out", f"{lab_dir}/images"],
-                           capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr
-    for line in built.stdout.split():
-        images.runtime_image_import(path=Path(line))
-    return [
-        machine_create(name=name, address=lab_machine(name)["address"], host_key_fingerprint=lab_machine(name)["host_key_fingerprint"])
-        for name in ("lab-a", "lab-b", "lab-c")
-    ]
+def three_machines(lab):
+    images_import(lab)
+    yield enrol(lab, "lab-a", "lab-b", "lab-c")
+    leave_nothing_running(Machine.objects.all())
+
+
+def picked(machines) -> re.Pattern:
+    """The wizard's URL once it holds these machines (and maybe others)."""
+    return re.compile("".join(rf"(?=.*machines=(?:[^&]*(?:,|%2C))?{m.pk}(?:&|,|%2C|$))" for m in machines))
 
 
 def test_the_wizard_creates_a_cluster_on_the_suggested_network_and_the_bars_fill(page, three_machines):
     page.goto("/clusters/new/")
     page.fill("#cluster-name", "gpu-room")
     page.click("#wizard button[type=submit]")
-    for machine in three_machines:
+    for count, machine in enumerate(three_machines, start=1):
         expect(page.locator(f"input[name=machines][value='{machine.pk}']")).to_be_enabled()
         page.check(f"input[name=machines][value='{machine.pk}']")
+        # Each tick's answer is in (its URL pushed, with the machines so far) before the next: a tick
+        # replaced in flight pushes nothing, and the back button below needs an earlier selection to go to.
+        expect(page).to_have_url(picked(three_machines[:count]))
     expect(page.locator("#wizard")).to_contain_text("runs NVIDIA x86_64 Runtime 2.x")
     page.go_back()  # the back button shows an earlier selection from the URL, not an empty form
     page.wait_for_load_state("networkidle")  # htmx fetches the earlier step from its URL

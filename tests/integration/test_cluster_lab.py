@@ -1,66 +1,44 @@
 """Starting clusters on the lab: the image machine to machine over the cluster's network, then real Ray."""
 import json
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 from django.core.exceptions import ValidationError
 
-from clusters import images, services
+from clusters import services
 from clusters.choices import ClusterState, MemberState
 from clusters.models import Cluster, Transfer
 from machines import remote
+from machines.agent_client import Agent
 from machines.models import Machine
-from machines.services import machine_create, machine_target
-from tests.lab_fixtures import lab_fault
+from machines.services import machine_target
+from tests.harness import FABRIC, enrol, images_import, leave_nothing_running
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
-FABRIC = "198.18.1.0/24"
-IMAGE_MIB = 48  # big enough to cut in the middle, small enough for CI
-
 
 @pytest.fixture
-def lab_images(lab, lab_dir, settings):
-    """The lab's runtime image builds, imported into the console (x86_64 and aarch64 NVIDIA; none for AMD)."""
-    out = f"{lab_dir}/images"
-    built = subprocess.run([sys.executable, "-m", "lab", "images", "--size-mib", str(IMAGE_MIB), "--out", out],
-                           capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr
-    return [images.runtime_image_import(path=__import__("pathlib").Path(line.split()[-1]))
-            for line in built.stdout.splitlines() if line.strip().endswith(".img")]
+def enrolled(lab, console_url, settings):
+    """Enrol the named lab machines (the lab's image builds imported first); afterwards every machine
+    they touched is left with no Ray, no file server and no image in its store, as the next test expects."""
+    settings.FADEN_HEARTBEAT_INTERVAL = 2  # machines that lose power read Offline within seconds
+    settings.FADEN_OFFLINE_AFTER = 6
+    images_import(lab)
+    names = []
 
+    def enrol_these(*wanted):
+        names.extend(wanted)
+        return enrol(lab, *wanted)
 
-@pytest.fixture
-def enrolled(lab_machine, console_url, lab_images):
-    """Enrol the named lab machines; stop whatever Ray they run when the test ends."""
-    machines = []
-
-    def enrol(*names):
-        for name in names:
-            spec = lab_machine(name)
-            machine = machine_create(name=name, address=spec["address"], ssh_port=22, ssh_user="root",
-                                     host_key_fingerprint=spec["host_key_fingerprint"])
-            machine.refresh_from_db()
-            assert machine.state == "healthy", machine.state_reason
-            machines.append(machine)
-        return machines
-
-    yield enrol
-    # Leave the machines as the next test expects them: no Ray, no image in the store.
-    for machine in Machine.objects.filter(pk__in=[m.pk for m in machines]):
-        with remote.connect(machine_target(machine)) as conn:
-            remote.run_agent(conn, machine.agent_command("ray", "stop"), timeout=60)
-            remote.run_agent(conn, machine.agent_command("image", "serve", "stop"), timeout=60)
-            remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/blobs", "/var/lib/fadenstack/images",
-                              "/var/lib/fadenstack/runtime"])
+    yield enrol_these
+    lab.heal()
+    leave_nothing_running(Machine.objects.filter(name__in=names))
 
 
 def ray_nodes(head: Machine, address: str) -> list[dict]:
-    with remote.connect(machine_target(head)) as conn:
-        return remote.run_agent(conn, head.agent_command("ray", "status", "--head", f"{address}:6379"), timeout=60)["nodes"]
+    with Agent.open(head) as agent:
+        return agent.ray_status(head=f"{address}:6379").raw["nodes"]
 
 
 def test_three_machines_on_fabric_reach_running_with_twenty_accelerators(enrolled):
@@ -101,12 +79,12 @@ def start_in_background(name: str, machines, *, until_fraction_on: Machine, frac
     return done
 
 
-def test_a_transfer_cut_in_the_middle_resumes_with_at_most_one_chunk_sent_again(enrolled):
+def test_a_transfer_cut_in_the_middle_resumes_with_at_most_one_chunk_sent_again(lab, enrolled):
     a, b = enrolled("lab-a", "lab-b")
     done = start_in_background("resume", [a, b], until_fraction_on=b, fraction=0.3)
-    lab_fault("lab-b", "link-down", "fabric")
-    time.sleep(3)
-    lab_fault("lab-b", "link-up", "fabric")
+    lab.fault("lab-b", "link-down", "fabric")
+    time.sleep(3)  # a cut, not a blip: the transfer notices and tries again
+    lab.fault("lab-b", "link-up", "fabric")
     assert done.wait(300)
 
     cluster = Cluster.objects.get(name="resume")
@@ -116,13 +94,13 @@ def test_a_transfer_cut_in_the_middle_resumes_with_at_most_one_chunk_sent_again(
     assert image.size_bytes <= member.image_transfer.bytes_fetched <= image.size_bytes + image.chunk_size
 
 
-def test_a_machine_without_room_says_how_much_is_needed_and_writes_nothing(enrolled):
+def test_a_machine_without_room_says_how_much_is_needed_and_writes_nothing(lab, enrolled):
     (c,) = enrolled("lab-c")
-    lab_fault("lab-c", "disk-full")
+    lab.fault("lab-c", "disk-full")
     try:
         cluster = services.cluster_create(name="no-room", machine_ids=[c.pk], head_id=c.pk, network=FABRIC)
     finally:
-        lab_fault("lab-c", "disk-free")
+        lab.fault("lab-c", "disk-free")
 
     cluster.refresh_from_db()
     assert cluster.state == ClusterState.WAITING
@@ -133,16 +111,16 @@ def test_a_machine_without_room_says_how_much_is_needed_and_writes_nothing(enrol
     assert ".part" not in listing and not [name for name in listing.split() if len(name) == 64]
 
 
-def test_a_port_taken_waits_for_try_again_which_succeeds_once_it_is_freed(enrolled):
+def test_a_port_taken_waits_for_try_again_which_succeeds_once_it_is_freed(lab, enrolled):
     (a,) = enrolled("lab-a")
-    lab_fault("lab-a", "port-taken", "6379")
+    lab.fault("lab-a", "port-taken", "6379")
     try:
         cluster = services.cluster_create(name="port", machine_ids=[a.pk], head_id=a.pk, network=FABRIC)
         cluster.refresh_from_db()
         assert cluster.state == ClusterState.WAITING
         assert "Address already in use" in cluster.state_reason
     finally:
-        lab_fault("lab-a", "port-free", "6379")
+        lab.fault("lab-a", "port-free", "6379")
 
     services.cluster_retry(cluster=cluster)
 
@@ -186,20 +164,20 @@ def test_the_same_through_the_api_with_two_platforms(enrolled, api_client):
     assert all(m["image_bytes_done"] == m["image_bytes_total"] > 0 for m in members.values())
 
 
-def test_a_machine_that_loses_power_in_the_middle_does_not_leave_the_start_stuck(enrolled):
+def test_a_machine_that_loses_power_in_the_middle_does_not_leave_the_start_stuck(lab, enrolled):
     from machines.services import machines_mark_offline
 
     a, b = enrolled("lab-a", "lab-b")
     done = start_in_background("power", [a, b], until_fraction_on=b, fraction=0)
-    deadline = time.monotonic() + 150  # 30 s to read Offline, then the start moves on
-    lab_fault("lab-b", "power-off")
+    deadline = time.monotonic() + 150  # 6 s to read Offline (30 s in the product), then the start moves on
+    lab.fault("lab-b", "power-off")
     try:
-        # Beat's job in production: machines without a heartbeat for 30 s read Offline.
-        while not done.wait(2):
+        # Beat's job in production: machines without a heartbeat for FADEN_OFFLINE_AFTER s read Offline.
+        while not done.wait(1):
             machines_mark_offline()
             assert time.monotonic() < deadline, "the start is stuck on a machine that lost power"
     finally:
-        lab_fault("lab-b", "power-on")
+        lab.fault("lab-b", "power-on")
 
     cluster = Cluster.objects.get(name="power")
     member = cluster.members.get(machine=b)

@@ -1,184 +1,92 @@
-"""A cluster's life on the lab, with a real worker and a real beat at shortened intervals: stop,
-start and delete; machines added; Ray killed, links cut and the head powered off, and the
-console noticing, looking twice and repairing by itself; a worker killed in the middle of a start."""
-import subprocess
-import sys
-from pathlib import Path
+"""A cluster's life on the lab, with a real worker and a real beat at shortened intervals: a worker
+killed in the middle of a start; Ray killed, links cut and the head powered off, and the console
+noticing, looking twice and repairing by itself; a machine added; stop, start and delete; a cluster
+whose machines are all offline deleted anyway.
 
+The tests share one console (Daphne, worker, beat), one database and one cluster, "life" (lab-a the
+head, lab-b), in the order they are written: each one does something else to the running cluster
+and leaves it running (the `life` fixture starts it anew if a test did not). Each reads only what
+happened since its own fault.
+"""
 import pytest
+from django.core.exceptions import ValidationError
+from django.utils import timezone
 
-from clusters import images, services
+from clusters import services
 from clusters.choices import CheckOutcome, ClusterState, MemberState
 from clusters.models import Cluster, HealthCheck
 from console.models import Job
-from machines import remote
 from machines.choices import MachineState
 from machines.models import Machine
-from machines.services import machine_create, machine_target
-from tests.lab_fixtures import lab_fault
-from tests.lab_cluster import FABRIC, IMAGE_MIB, INTERVALS, all_up, cluster_in, running, wait_for
+from tests.harness import (FABRIC, INTERVALS, all_up, cluster_in, enrol, images_import, leave_nothing_running, ray_runs_on,
+                           running, wait_for)
 from tests.processes import console_processes
 
-pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.lab]
 
-@pytest.fixture
-def console(lab, lab_dir):
+NAME = "life"
+
+
+@pytest.fixture(scope="module")
+def console(lab, module_db):
     with console_processes(beat=True, env=INTERVALS, enqueue=True) as processes:
         yield processes
 
 
-@pytest.fixture
-def lab_images(lab_dir):
-    out = f"{lab_dir}/images"
-    built = subprocess.run([sys.executable, "-m", "lab", "images", "--size-mib", str(IMAGE_MIB), "--out", out],
-                           capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr
-    return [images.runtime_image_import(path=Path(line.split()[-1])) for line in built.stdout.splitlines()
-            if line.strip().endswith(".img")]
+@pytest.fixture(scope="module")
+def machines(console, lab):
+    """lab-a, lab-b and lab-c enrolled through the worker, the lab's image builds imported; at the end
+    nothing left running on them."""
+    images_import(lab)
+    enrolled = {m.name: m for m in enrol(lab, "lab-a", "lab-b", "lab-c")}
+    yield enrolled
+    lab.heal()
+    leave_nothing_running(Machine.objects.all())
+
+
+def clusters_deleted() -> None:
+    """No cluster left (a test that needs its machines free)."""
+    def delete(pk: int) -> bool:
+        cluster = Cluster.objects.filter(pk=pk).first()
+        if cluster is None or cluster.state == ClusterState.DELETING:
+            return True
+        try:
+            services.cluster_delete(cluster=cluster)
+        except ValidationError:
+            return False  # refused for now (a stop under way): asked again
+        return True
+
+    for pk in Cluster.objects.values_list("pk", flat=True):
+        wait_for(lambda: delete(pk), timeout=60, what=f"cluster {pk} to accept Delete")
+        wait_for(lambda: not Cluster.objects.filter(pk=pk).exists(), timeout=120, what=f"cluster {pk} to go")
 
 
 @pytest.fixture
-def enrolled(console, lab_machine, lab_images):
-    """Enrol the named machines through the worker; afterwards power them on and leave nothing running."""
-    names: list[str] = []
+def life(lab, machines):
+    """The shared cluster, running with every member Up; started anew when an earlier test left it otherwise."""
+    lab.heal()
 
-    def enrol(*wanted):
-        for name in wanted:
-            spec = lab_machine(name)
-            machine_create(name=name, address=spec["address"], ssh_port=22, ssh_user="root",
-                           host_key_fingerprint=spec["host_key_fingerprint"])
-            names.append(name)
-        machines = [wait_for(lambda n=n: Machine.objects.filter(name=n, state=MachineState.HEALTHY).first(),
-                             timeout=60, what=f"{n} to enrol") for n in wanted]
-        return machines
+    def settled():
+        cluster = Cluster.objects.filter(name=NAME).first()
+        if cluster is None or cluster.state in (ClusterState.STOPPED, ClusterState.FAILED, ClusterState.WAITING):
+            return "anew"
+        return all_up(NAME)
 
-    yield enrol
-    for name in names:
-        lab_fault(name, "power-on")
-        lab_fault(name, "link-up", "fabric")
-    for machine in Machine.objects.filter(name__in=names):
-        with remote.connect(machine_target(machine)) as conn:
-            remote.run_agent(conn, machine.agent_command("runtime", "stop"), timeout=60)
-            remote.run_agent(conn, machine.agent_command("image", "serve", "stop"), timeout=60)
-            remote.run(conn, ["rm", "-rf", "/var/lib/fadenstack/blobs", "/var/lib/fadenstack/images",
-                              "/var/lib/fadenstack/runtime"])
-
-
-def ray_runs_on(machine: Machine) -> bool:
-    with remote.connect(machine_target(machine)) as conn:
-        return remote.run_agent(conn, machine.agent_command("runtime", "status"), timeout=30)["ray"]["running"]
-
-
-def test_stop_frees_the_machines_start_brings_it_back_and_delete_leaves_them_enrolled(enrolled):
-    a, b = enrolled("lab-a", "lab-b")
-    cluster = running("life", [a, b])
-
-    services.cluster_stop(cluster=cluster)
-    cluster = wait_for(lambda: cluster_in("life", ClusterState.STOPPED), timeout=60, what="Stopped")
-    assert set(cluster.members.values_list("state", flat=True)) == {MemberState.STOPPED}
-    assert not ray_runs_on(a) and not ray_runs_on(b)
-    assert cluster.network == FABRIC and cluster.members.count() == 2
-
-    services.cluster_start(cluster=cluster)
-    wait_for(lambda: all_up("life", 2), timeout=120, what="Running again with both machines")
-    assert ray_runs_on(a) and ray_runs_on(b)
-
-    job = services.cluster_delete(cluster=Cluster.objects.get(name="life"))
-    assert job is not None  # a running cluster is stopped first
-    wait_for(lambda: not Cluster.objects.filter(name="life").exists(), timeout=60, what="the cluster to go")
-    assert not ray_runs_on(a) and not ray_runs_on(b)
-    assert Machine.objects.filter(pk__in=[a.pk, b.pk], membership__isnull=True, state=MachineState.HEALTHY).count() == 2
-
-
-def test_ray_killed_on_a_worker_is_joined_again_while_the_head_keeps_running(enrolled):
-    a, b, c = enrolled("lab-a", "lab-b", "lab-c")
-    running("rejoin", [a, b, c])
-
-    lab_fault("lab-b", "ray-kill")
-
-    down = wait_for(lambda: Cluster.objects.get(name="rejoin").members.filter(machine__name="lab-b", state__in=[
-        MemberState.DOWN, MemberState.REJOINING]).first(), timeout=30, what="the console to notice")
-    assert "lab-b" in down.state_reason
-    cluster = wait_for(lambda: all_up("rejoin", 3), timeout=90, what="lab-b back in Ray")
-    assert cluster.members.get(machine__name="lab-a").state == MemberState.JOINED
-    outcomes = list(HealthCheck.objects.filter(cluster=cluster).order_by("started_at").values_list("outcome", flat=True))
-    assert CheckOutcome.LOOK_AGAIN in outcomes and CheckOutcome.REPAIR in outcomes
-    assert outcomes.index(CheckOutcome.LOOK_AGAIN) < outcomes.index(CheckOutcome.REPAIR)  # it looked twice
-    assert not Job.objects.filter(target_id=cluster.pk, kind="cluster.start", title__startswith="Restart").exists()
-    assert ray_runs_on(b)
-
-
-def test_ray_killed_on_the_head_restarts_the_cluster(enrolled):
-    a, b = enrolled("lab-a", "lab-b")
-    running("head", [a, b])
-
-    lab_fault("lab-a", "ray-kill")
-
-    wait_for(lambda: "Restarting the cluster (attempt 1 of 3)" in (cluster_in("head", ClusterState.STARTING) or Cluster()).state_reason,
-             timeout=40, what="the restart to begin")
-    cluster = wait_for(lambda: all_up("head", 2), timeout=120, what="Running again after the restart")
-    assert cluster.restart_attempt == 0
-    assert HealthCheck.objects.filter(cluster=cluster, outcome=CheckOutcome.REPAIR, action__contains="attempt 1 of 3").exists()
-
-
-def test_the_head_powered_off_reads_failed_after_three_restarts_and_comes_back_after_power_on(enrolled):
-    a, b = enrolled("lab-a", "lab-b")
-    running("power", [a, b])
-
-    lab_fault("lab-a", "power-off")
-    failed = wait_for(lambda: cluster_in("power", ClusterState.FAILED), timeout=180, what="Failed")
-    assert "after 3 restarts" in failed.state_reason and "Try again" in failed.state_reason
-    restarts = Job.objects.filter(target_id=failed.pk, kind="cluster.start", title__startswith="Restart").count()
-    assert restarts == 3
-
-    lab_fault("lab-a", "power-on")
-    wait_for(lambda: all_up("power", 2), timeout=180, what="Running again after power-on")
-
-
-def test_a_worker_whose_fabric_link_went_down_is_repaired_once_it_is_back(enrolled):
-    a, b = enrolled("lab-a", "lab-b")
-    running("link", [a, b])
-
-    lab_fault("lab-b", "link-down", "fabric")
     try:
-        wait_for(lambda: Cluster.objects.get(name="link").members.filter(machine__name="lab-b", state__in=[
-            MemberState.DOWN, MemberState.FAILED]).exists(), timeout=120, what="lab-b out of the cluster")
-        assert Cluster.objects.get(name="link").state == ClusterState.RUNNING  # the head keeps serving
-    finally:
-        lab_fault("lab-b", "link-up", "fabric")
-    wait_for(lambda: all_up("link", 2), timeout=120, what="lab-b back after the link came up")
+        cluster = wait_for(settled, timeout=120, what=f"{NAME} to run with every machine Up")
+    except TimeoutError:
+        cluster = "anew"
+    if cluster == "anew":
+        clusters_deleted()
+        running(NAME, [machines["lab-a"], machines["lab-b"]])
+        cluster = wait_for(lambda: all_up(NAME), timeout=120, what=f"{NAME} with every machine Up")
+    return cluster
 
 
-def test_a_machine_added_to_a_running_cluster_gets_the_image_from_the_cluster_and_joins(enrolled):
-    a, b, c = enrolled("lab-a", "lab-b", "lab-c")
-    cluster = running("grow", [a, b])
-    before = sum(cluster.members.values_list("accelerators_in_ray", flat=True))
-
-    services.cluster_add_machines(cluster=cluster, machine_ids=[c.pk])
-
-    cluster = wait_for(lambda: all_up("grow", 3), timeout=120, what="lab-c to join")
-    added = cluster.members.get(machine=c)
-    assert added.image_transfer.source.startswith(("lab-a", "lab-b"))  # from a machine of the cluster, not the server
-    assert sum(cluster.members.values_list("accelerators_in_ray", flat=True)) == before + added.accelerators_in_ray > before
-
-
-def test_a_cluster_whose_machines_are_all_offline_is_deleted_anyway_and_its_leftovers_are_replaced(enrolled):
-    (c,) = enrolled("lab-c")
-    cluster = running("gone", [c])
-
-    lab_fault("lab-c", "power-off")
-    wait_for(lambda: Machine.objects.filter(pk=c.pk, state=MachineState.OFFLINE).exists(), timeout=40, what="lab-c offline")
-    assert services.cluster_delete(cluster=Cluster.objects.get(pk=cluster.pk)) is None
-    assert not Cluster.objects.filter(pk=cluster.pk).exists()
-
-    lab_fault("lab-c", "power-on")
-    wait_for(lambda: Machine.objects.filter(pk=c.pk, state=MachineState.HEALTHY).exists(), timeout=40, what="lab-c back")
-    running("again", [c])
-
-
-def test_the_worker_killed_in_the_middle_of_a_start_is_replaced_and_the_start_still_reaches_running(enrolled, console):
-    a, b = enrolled("lab-a", "lab-b")
-    services.cluster_create(name="crash", machine_ids=[a.pk, b.pk], head_id=a.pk, network=FABRIC)
+def test_the_worker_killed_in_the_middle_of_a_start_is_replaced_and_the_start_still_reaches_running(machines, console):
+    clusters_deleted()
+    a, b = machines["lab-a"], machines["lab-b"]
+    services.cluster_create(name=NAME, machine_ids=[a.pk, b.pk], head_id=a.pk, network=FABRIC)
     job = wait_for(lambda: Job.objects.filter(kind="cluster.start", state="running", steps__1__state="running").first()
                    or Job.objects.filter(kind="cluster.start", state="running", steps__2__state="running").first(),
                    timeout=60, what="the start to reach its second step", every=0.1)
@@ -186,10 +94,114 @@ def test_the_worker_killed_in_the_middle_of_a_start_is_replaced_and_the_start_st
     console.kill_worker()
     console.start_worker()
 
-    cluster = wait_for(lambda: all_up("crash", 2), timeout=180, what="Running after the worker was replaced")
+    cluster = wait_for(lambda: all_up(NAME, 2), timeout=180, what="Running after the worker was replaced")
     job = wait_for(lambda: Job.objects.filter(pk=job.pk).exclude(state="running").first(), timeout=30, what="the job to end")
     assert job.state == "succeeded" and job.resumes == 1
     assert "Taken up again where it stopped" in job.log
     assert [s["state"] for s in job.steps] == ["done"] * len(job.steps)
     for member in cluster.members.all():  # the image crossed the network once, not once per run
         assert member.image_transfer.bytes_fetched <= member.runtime_image.size_bytes + member.runtime_image.chunk_size
+
+
+def test_ray_killed_on_a_worker_is_joined_again_while_the_head_keeps_running(lab, life, machines):
+    since = timezone.now()
+    lab.fault("lab-b", "ray-kill")
+
+    down = wait_for(lambda: Cluster.objects.get(name=NAME).members.filter(machine__name="lab-b", state__in=[
+        MemberState.DOWN, MemberState.REJOINING]).first(), timeout=30, what="the console to notice")
+    assert "lab-b" in down.state_reason
+    cluster = wait_for(lambda: all_up(NAME, 2), timeout=90, what="lab-b back in Ray")
+    assert cluster.members.get(machine__name="lab-a").state == MemberState.JOINED
+    outcomes = list(HealthCheck.objects.filter(cluster=cluster, started_at__gte=since).order_by("started_at")
+                    .values_list("outcome", flat=True))
+    assert CheckOutcome.LOOK_AGAIN in outcomes and CheckOutcome.REPAIR in outcomes
+    assert outcomes.index(CheckOutcome.LOOK_AGAIN) < outcomes.index(CheckOutcome.REPAIR)  # it looked twice
+    assert not Job.objects.filter(target_id=cluster.pk, kind="cluster.start", title__startswith="Restart",
+                                  created_at__gte=since).exists()
+    assert ray_runs_on(machines["lab-b"])
+
+
+def test_ray_killed_on_the_head_restarts_the_cluster(lab, life):
+    since = timezone.now()
+    lab.fault("lab-a", "ray-kill")
+
+    wait_for(lambda: "Restarting the cluster (attempt 1 of 3)" in (cluster_in(NAME, ClusterState.STARTING) or Cluster()).state_reason,
+             timeout=40, what="the restart to begin")
+    cluster = wait_for(lambda: all_up(NAME, 2), timeout=120, what="Running again after the restart")
+    assert cluster.restart_attempt == 0
+    assert HealthCheck.objects.filter(cluster=cluster, outcome=CheckOutcome.REPAIR, action__contains="attempt 1 of 3",
+                                      started_at__gte=since).exists()
+
+
+def test_a_worker_whose_fabric_link_went_down_is_repaired_once_it_is_back(lab, life):
+    lab.fault("lab-b", "link-down", "fabric")
+    try:
+        wait_for(lambda: Cluster.objects.get(name=NAME).members.filter(machine__name="lab-b", state__in=[
+            MemberState.DOWN, MemberState.FAILED]).exists(), timeout=120, what="lab-b out of the cluster")
+        assert Cluster.objects.get(name=NAME).state == ClusterState.RUNNING  # the head keeps serving
+    finally:
+        lab.fault("lab-b", "link-up", "fabric")
+    wait_for(lambda: all_up(NAME, 2), timeout=120, what="lab-b back after the link came up")
+
+
+def test_the_head_powered_off_reads_failed_after_three_restarts_and_comes_back_after_power_on(lab, life):
+    since = timezone.now()
+    lab.fault("lab-a", "power-off")
+    try:
+        failed = wait_for(lambda: cluster_in(NAME, ClusterState.FAILED), timeout=180, what="Failed")
+        assert "after 3 restarts" in failed.state_reason and "Try again" in failed.state_reason
+        restarts = Job.objects.filter(target_id=failed.pk, kind="cluster.start", title__startswith="Restart",
+                                      created_at__gte=since).count()
+        assert restarts == 3
+    finally:
+        lab.fault("lab-a", "power-on")
+    wait_for(lambda: all_up(NAME, 2), timeout=180, what="Running again after power-on")
+
+
+def test_a_machine_added_to_a_running_cluster_gets_the_image_from_the_cluster_and_joins(life, machines):
+    c = machines["lab-c"]
+    before = sum(life.members.values_list("accelerators_in_ray", flat=True))
+
+    services.cluster_add_machines(cluster=life, machine_ids=[c.pk])
+
+    cluster = wait_for(lambda: all_up(NAME, 3), timeout=120, what="lab-c to join")
+    added = cluster.members.get(machine=c)
+    assert added.image_transfer.source.startswith(("lab-a", "lab-b"))  # from a machine of the cluster, not the server
+    assert sum(cluster.members.values_list("accelerators_in_ray", flat=True)) == before + added.accelerators_in_ray > before
+
+
+def test_stop_frees_the_machines_start_brings_it_back_and_delete_leaves_them_enrolled(life, machines):
+    members = list(life.members.select_related("machine"))
+
+    services.cluster_stop(cluster=life)
+    cluster = wait_for(lambda: cluster_in(NAME, ClusterState.STOPPED), timeout=60, what="Stopped")
+    assert set(cluster.members.values_list("state", flat=True)) == {MemberState.STOPPED}
+    assert not any(ray_runs_on(m.machine) for m in members)
+    assert cluster.network == FABRIC and cluster.members.count() == len(members)
+
+    services.cluster_start(cluster=cluster)
+    wait_for(lambda: all_up(NAME, len(members)), timeout=120, what="Running again with every machine")
+    assert all(ray_runs_on(m.machine) for m in members)
+
+    job = services.cluster_delete(cluster=Cluster.objects.get(name=NAME))
+    assert job is not None  # a running cluster is stopped first
+    wait_for(lambda: not Cluster.objects.filter(name=NAME).exists(), timeout=60, what="the cluster to go")
+    assert not any(ray_runs_on(m.machine) for m in members)
+    assert Machine.objects.filter(pk__in=[m.machine.pk for m in members], membership__isnull=True,
+                                  state=MachineState.HEALTHY).count() == len(members)
+
+
+def test_a_cluster_whose_machines_are_all_offline_is_deleted_anyway_and_its_leftovers_are_replaced(lab, machines):
+    clusters_deleted()
+    c = machines["lab-c"]
+    cluster = running("gone", [c])
+
+    lab.fault("lab-c", "power-off")
+    try:
+        wait_for(lambda: Machine.objects.filter(pk=c.pk, state=MachineState.OFFLINE).exists(), timeout=40, what="lab-c offline")
+        assert services.cluster_delete(cluster=Cluster.objects.get(pk=cluster.pk)) is None
+        assert not Cluster.objects.filter(pk=cluster.pk).exists()
+    finally:
+        lab.fault("lab-c", "power-on")
+    wait_for(lambda: Machine.objects.filter(pk=c.pk, state=MachineState.HEALTHY).exists(), timeout=40, what="lab-c back")
+    running("again", [c])

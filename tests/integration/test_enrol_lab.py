@@ -8,9 +8,15 @@ from console.models import Job
 from machines import services
 from machines.choices import EventKind, MachineState
 from machines.models import Machine
-from tests.lab_fixtures import lab_fault
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def short_heartbeats(settings):
+    """Machines enrolled now beat every 2 s and read Offline after 6 s without one (the product: 10 s and 30 s)."""
+    settings.FADEN_HEARTBEAT_INTERVAL = 2
+    settings.FADEN_OFFLINE_AFTER = 6
 
 
 def enrol(lab_machine, name: str) -> Machine:
@@ -78,7 +84,7 @@ def test_interfaces_carry_their_marks(lab_machine, console_url):
     assert "198.18.1.11/24" in interfaces["eth1"].addresses
 
 
-def test_the_agent_sends_heartbeats_to_the_console(lab_machine, console_url):
+def test_the_agent_sends_heartbeats_to_the_console(lab_machine, console_url, short_heartbeats):
     machine = enrol(lab_machine, "lab-b")
     enrolled_at = timezone.now()
 
@@ -98,11 +104,11 @@ def test_enrolling_twice_installs_nothing_new(lab_machine, console_url):
     assert "already there" in install["detail"]
 
 
-def test_a_swapped_host_key_is_refused_until_an_administrator_accepts_it(lab_machine, console_url):
+def test_a_swapped_host_key_is_refused_until_an_administrator_accepts_it(lab, lab_machine, console_url):
     machine = enrol(lab_machine, "lab-c")
     pinned = machine.host_key_fingerprint
 
-    lab_fault("lab-c", "swap-host-key")
+    lab.fault("lab-c", "swap-host-key")
     services.machine_refresh(machine=machine)
 
     machine.refresh_from_db()
@@ -120,19 +126,19 @@ def test_a_swapped_host_key_is_refused_until_an_administrator_accepts_it(lab_mac
     assert machine.host_key_fingerprint == offered
 
 
-def test_a_machine_powered_off_goes_offline_and_comes_back(lab_machine, console_url):
+def test_a_machine_powered_off_goes_offline_and_comes_back(lab, lab_machine, console_url, short_heartbeats):
     machine = enrol(lab_machine, "lab-d")
     assert wait_for(lambda: Machine.objects.get(pk=machine.pk).last_seen, timeout=15)
 
-    lab_fault("lab-d", "power-off")
-    offline = wait_for(lambda: machine.pk in services.machines_mark_offline(), timeout=60, interval=2)
+    lab.fault("lab-d", "power-off")
+    offline = wait_for(lambda: machine.pk in services.machines_mark_offline(), timeout=60, interval=1)
 
     assert offline, "the machine was not marked Offline within 60 s of losing power"
     machine.refresh_from_db()
     assert machine.state == MachineState.OFFLINE
     assert "No heartbeat" in machine.state_reason
 
-    lab_fault("lab-d", "power-on")
+    lab.fault("lab-d", "power-on")
     back = wait_for(lambda: Machine.objects.get(pk=machine.pk).state == MachineState.HEALTHY, timeout=30)
 
     assert back, "the machine did not come back Healthy within 30 s of power-on"

@@ -1,14 +1,13 @@
 """The lab: unit tests of its spec and stubs, and integration tests of a running lab.
 
-The integration tests (marked `lab`) need root: they bring the default lab up
-once for the module, with a temporary FADEN_LAB_DIR and a throwaway key, and
-take it down at the end, checking that nothing is left behind.
+The integration tests (marked `lab`) need root: they take the test run's lab
+(tests/lab_fixtures.py) down and put it up anew, and take it down at the end,
+checking that nothing is left behind.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -276,73 +275,20 @@ def test_rocm_smi_answers_product_and_vram_as_json(tmp_path):
 # A running lab (root)
 
 
-def ssh_available() -> bool:
-    return bool(shutil.which("ssh") and shutil.which("ssh-keygen") and shutil.which("ssh-keyscan"))
-
-
-class Lab:
-    def __init__(self, base: Path, key: Path):
-        self.base = base
-        self.key = key
-        self.state_dir = base / "state"
-        self.env = {**os.environ, "FADEN_LAB_DIR": str(self.state_dir),
-                    "FADEN_LAB_AUTHORIZED_KEY": ""}
-
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([sys.executable, "-m", "lab", *args], cwd=REPO, env=self.env,
-                                capture_output=True, text=True, timeout=120)
-        if check:
-            assert result.returncode == 0, result.stderr
-        return result
-
-    def status(self) -> dict:
-        return json.loads(self.run("status", "--json").stdout)
-
-    def machine(self, name: str) -> dict:
-        return next(m for m in self.status()["machines"] if m["name"] == name)
-
-    def ssh(self, address: str, command: str, timeout: float = 30,
-            connect_timeout: int = 5) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            ["ssh", "-i", str(self.key), "-o", "StrictHostKeyChecking=no",
-             "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
-             "-o", f"ConnectTimeout={connect_timeout}", "-o", "LogLevel=ERROR",
-             f"root@{address}", command],
-            capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    if os.geteuid() != 0:
-        pytest.skip("the lab needs root")
-    reason = lab_util.missing_host_support()
-    if reason:
-        pytest.skip(reason)
-    if not ssh_available():
-        pytest.skip("the OpenSSH client (ssh, ssh-keygen, ssh-keyscan) is not installed")
-    base = tmp_path_factory.mktemp("lab")
-    key = base / "id_ed25519"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    running = Lab(base, key)
-    started = time.monotonic()
-    result = running.run("up", "--authorized-key", f"{key}.pub", check=False)
-    if result.returncode != 0 and re.search(
-            r"another lab is up|lab leftovers|already exists on the host", result.stderr):
-        pytest.skip(f"this host holds another lab (one at a time): {result.stderr.strip()}")
-    assert result.returncode == 0, result.stderr
-    running.up_seconds = time.monotonic() - started
-    yield running
-    running.run("down", check=False)
+def lab(fresh_lab):
+    """The test run's lab, put up anew for this module (whose last test takes it down)."""
+    return fresh_lab
 
 
-def reach(lab: Lab, from_address: str, to_address: str, port: int = 22) -> bool:
+def reach(lab, from_address: str, to_address: str, port: int = 22) -> bool:
     """Can the machine at from_address open a TCP connection to to_address?"""
     probe = (f"/usr/bin/python3 -c 'import socket; "
              f"socket.create_connection((\"{to_address}\", {port}), 2)'")
     return lab.ssh(from_address, probe).returncode == 0
 
 
-def ping(lab: Lab, from_address: str, to_address: str) -> bool:
+def ping(lab, from_address: str, to_address: str) -> bool:
     if not shutil.which("ping"):
         return reach(lab, from_address, to_address)
     return lab.ssh(from_address, f"ping -c 1 -W 2 {to_address}").returncode == 0
@@ -453,14 +399,18 @@ class TestRunningLab:
         assert not subprocess.run(["ip", "netns", "pids", "fl-lab-b"], capture_output=True,
                                   text=True).stdout.strip()
         lab.run("fault", "lab-b", "power-on")
-        assert lab.machine("lab-b")["powered"] is True
-        result = lab.ssh("198.18.0.12", "cat /var/lib/fadenstack/boots; pgrep -x sleep -a; "
-                                        "cat /opt/fadenstack/autostart.log")
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.splitlines()[0] == "booted"
-        assert "sleep 600" in result.stdout
-        assert "10-heartbeat" in result.stdout
-        assert ping(lab, "198.18.0.11", "198.18.1.12")  # its links came back too
+        try:
+            assert lab.machine("lab-b")["powered"] is True
+            result = lab.ssh("198.18.0.12", "cat /var/lib/fadenstack/boots; pgrep -x sleep -a; "
+                                            "cat /opt/fadenstack/autostart.log")
+            assert result.returncode == 0, result.stderr
+            assert result.stdout.splitlines()[0] == "booted"
+            assert "sleep 600" in result.stdout
+            assert "10-heartbeat" in result.stdout
+            assert ping(lab, "198.18.0.11", "198.18.1.12")  # its links came back too
+        finally:  # the machine as it was: no boot hook of ours, no sleeper
+            lab.ssh("198.18.0.12", "rm -f /opt/fadenstack/autostart.d/10-heartbeat /var/lib/fadenstack/boots")
+            lab.run("fault", "lab-b", "kill-process", "sleep 600")
 
     def test_link_down_cuts_one_network_and_link_up_restores_it(self, lab):
         lab.run("fault", "lab-c", "link-down", "fabric")

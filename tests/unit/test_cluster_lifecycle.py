@@ -718,6 +718,17 @@ def test_repairs_give_up_on_a_machine_after_as_many_attempts_as_a_restart_and_it
     assert jobs_of(room) == [] and queued == []
 
 
+def test_a_machine_that_never_joined_keeps_its_own_reason_when_a_check_finds_it_out_of_ray(committed, queued, answers,
+                                                                                           room, gpu_a, gpu_b):
+    ClusterMember.objects.filter(machine=gpu_b).update(state=MemberState.FAILED, state_reason="gpu-b is offline (no heartbeat).")
+    answers.update({"gpu-a": head_agent(gpu_a, [node(11)]), "gpu-b": agent(gpu_b)})
+
+    check(committed, room)
+
+    b = member_of(gpu_b)
+    assert (b.state, b.state_reason) == (MemberState.FAILED, "gpu-b is offline (no heartbeat).")
+
+
 def test_a_machine_repairs_gave_up_on_is_up_again_once_a_check_finds_it_in_ray(committed, queued, answers, room, gpu_a, gpu_b):
     ClusterMember.objects.filter(machine=gpu_b).update(rejoin_attempts=3, state=MemberState.FAILED, state_reason="Gave up.")
     all_well(answers, gpu_a, gpu_b)

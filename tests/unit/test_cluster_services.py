@@ -5,18 +5,9 @@ from django.core.exceptions import ValidationError
 from clusters import services
 from clusters.choices import ClusterState
 from clusters.models import Cluster, RuntimeImage
-from tests.factories import AcceleratorFactory, MachineFactory, NetworkInterfaceFactory
+from tests.builders import gpu_machine
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def gpu_machine(name: str, host: int, *, vendor="nvidia", model="NVIDIA H100 80GB HBM3"):
-    machine = MachineFactory(name=name, address=f"198.18.0.{host}", agent_path="/opt/fadenstack/agent/a.pyz")
-    for _ in range(8):
-        AcceleratorFactory(machine=machine, vendor=vendor, model=model)
-    NetworkInterfaceFactory(machine=machine, name="eth0", addresses=[f"198.18.0.{host}/24"], default_route=True, management=True)
-    NetworkInterfaceFactory(machine=machine, name="eth1", addresses=[f"198.18.1.{host}/24"])
-    return machine
 
 
 @pytest.fixture

@@ -7,23 +7,14 @@ from django.core.exceptions import ValidationError
 from django.utils import timezone
 
 from clusters import actions, pages, services
-from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, MemberState, Role
-from clusters.models import Cluster, ClusterMember, HealthCheck, NetworkMeasurement, RuntimeImage
+from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, Role
+from clusters.models import Cluster, HealthCheck, NetworkMeasurement, RuntimeImage
 from console.models import Job
 from deployments.models import Deployment
-from tests.factories import AcceleratorFactory, MachineFactory, NetworkInterfaceFactory
+from tests.builders import cluster_of, gpu_machine
+from tests.factories import MachineFactory
 
 pytestmark = pytest.mark.django_db
-
-
-def gpu_machine(name: str, host: int, *, arch="x86_64", vendor="nvidia", model="NVIDIA H100 80GB HBM3", fabric=True):
-    machine = MachineFactory(name=name, address=f"198.18.0.{host}", arch=arch)
-    for _ in range(8):
-        AcceleratorFactory(machine=machine, vendor=vendor, model=model)
-    NetworkInterfaceFactory(machine=machine, name="eth0", addresses=[f"198.18.0.{host}/24"], default_route=True, management=True)
-    if fabric:
-        NetworkInterfaceFactory(machine=machine, name="eth1", addresses=[f"198.18.1.{host}/24"])
-    return machine
 
 
 @pytest.fixture
@@ -33,13 +24,8 @@ def build():
 
 
 def make_cluster(build, name="gpu-room", state=ClusterState.RUNNING, hosts=(11, 12, 13), reason=""):
-    cluster = Cluster.objects.create(name=name, state=state, network="198.18.1.0/24", state_reason=reason)
-    member_state = MemberState.JOINED if state == ClusterState.RUNNING else MemberState.STOPPED
-    for i, host in enumerate(hosts):
-        ClusterMember.objects.create(cluster=cluster, machine=gpu_machine(f"{name}-{host}", host), role=Role.HEAD if i == 0 else Role.WORKER,
-                                     address=f"198.18.1.{host}", state=member_state, runtime_image=build,
-                                     accelerators_in_ray=8 if member_state == MemberState.JOINED else 0)
-    return cluster
+    return cluster_of([gpu_machine(f"{name}-{host}", host) for host in hosts], state=state, name=name, runtime=build,
+                      state_reason=reason)
 
 
 def machine_of(cluster, index):
@@ -221,7 +207,7 @@ def test_the_add_page_lists_refusals_and_disables_their_checkboxes(admin_client,
     cluster = make_cluster(build)
     free = gpu_machine("lab-d", 14)
     amd = gpu_machine("lab-e", 15, vendor="amd", model="AMD Instinct MI300X")
-    elsewhere = gpu_machine("lab-f", 16, fabric=False)
+    elsewhere = gpu_machine("lab-f", 16, cluster_network=False)
     html = admin_client.get(f"/clusters/{cluster.pk}/add/").content.decode()
 
     def checkbox(machine):
