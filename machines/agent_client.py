@@ -127,7 +127,7 @@ class Agent:
 
     def _call(self, *args: str, timeout: float | None = None, stdin: bytes | None = None,
               on_progress: Progress | None = None, abort: Abort | None = None) -> dict:
-        argv = [*(self._argv or self.machine.agent_command()), *args]
+        argv = [*(self._argv or [self.machine.python_path or "python3", self.machine.agent_path]), *args]
         on_event = (lambda event: on_progress(event) if event.get("event") == "progress" else None) if on_progress else None
         return remote.run_agent(self.conn, argv, timeout=timeout, stdin=stdin, on_event=on_event, abort=abort)
 

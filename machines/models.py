@@ -64,10 +64,6 @@ class Machine(models.Model):
     def badge(self) -> str:
         return MACHINE_BADGE[self.state]
 
-    def agent_command(self, *args: str) -> list[str]:
-        """The argv of an agent command on this machine (the agent must be installed)."""
-        return [self.python_path or "python3", self.agent_path, *args]
-
     def accelerator_summary(self) -> str:
         """``8 x H100 80GB``, or ``4 x A100 40GB + 2 x L4`` on a mixed machine; empty without any."""
         return accelerator_summary_of((a.model, 1) for a in self.accelerators.all())
