@@ -7,6 +7,8 @@ repair that joins dropped machines again.
 """
 from __future__ import annotations
 
+import time
+
 from django.db import transaction
 
 from clusters import hooks, images, services, steps
@@ -19,6 +21,9 @@ from clusters.transfer import distribute
 from console.jobs import JobCancelled, JobContext, JobError
 from machines.agent import agent_version
 from machines.choices import MachineState
+
+
+RAY_LIST_TRIES, RAY_LIST_PAUSE = 5, 2.0  # how long the head's node list is given to show machines that joined
 
 
 def _stage(ctx: JobContext, step: steps.Step, members, head, board, work, *, tolerate_all: bool = False, detail: str = ""):
@@ -259,12 +264,19 @@ def _join(member: ClusterMember, board: ProgressBoard, head: ClusterMember, clus
 
 def _check_with_ray(cluster: Cluster, head: ClusterMember, members: list[ClusterMember]) -> list[ClusterMember]:
     """Ray's own node list decides who is up; the totals count what Ray reports."""
-    alive = on_member(head, lambda agent: agent.ray_status(head=f"{head.address}:{cluster.ray_port}")).alive()
+    # Failures recorded by worker threads went to the database, not to these objects.
+    failed = set(ClusterMember.objects.filter(cluster=cluster, state=MemberState.FAILED).values_list("pk", flat=True))
+    expected = {m.address for m in members if m.pk not in failed}
+    gcs = f"{head.address}:{cluster.ray_port}"
+    # A node whose join returned shows in the head's list within a few seconds: ask again before calling it out.
+    for attempt in range(RAY_LIST_TRIES):
+        alive = on_member(head, lambda agent: agent.ray_status(head=gcs)).alive()
+        if expected <= set(alive) or attempt == RAY_LIST_TRIES - 1:
+            break
+        time.sleep(RAY_LIST_PAUSE)
     if head.address not in alive:
         raise JobError(f"Ray on {head.machine.name} does not list the head as alive.")
     joined = []
-    # Failures recorded by worker threads went to the database, not to these objects.
-    failed = set(ClusterMember.objects.filter(cluster=cluster, state=MemberState.FAILED).values_list("pk", flat=True))
     for member in members:
         node = alive.get(member.address)
         if node:

@@ -147,3 +147,25 @@ def test_several_files_travel_each_in_its_own_chain_with_a_bar_per_machine_and_f
         assert bars[("gpu-c", what)] == ("gpu-b (198.18.1.12)", size, size)
     server_copies = [call for call in agents.calls if call[1] == "file_fetch" and "/agent/files/" in call[2]["url"]]
     assert len(server_copies) == 2  # one per file, whatever the number of machines
+
+
+def test_a_machine_that_joined_but_shows_in_the_head_s_list_a_moment_later_is_up(stopped, agents, monkeypatch):
+    from clusters.runners import start as runner
+
+    monkeypatch.setattr(runner, "RAY_LIST_PAUSE", 0)
+    listed = agents.answers["gpu-a"]["ray"]
+    full = list(listed["nodes"])
+    listed["nodes"] = full[:2]  # gpu-c joined, but the head's list does not hold it yet
+    looks = []
+
+    def look():
+        looks.append(1)
+        if len(looks) == 2:
+            listed["nodes"] = full
+
+    agents.on_ray_status = look
+
+    job = start(stopped)
+
+    assert job.state == JobState.SUCCEEDED and len(looks) == 2
+    assert set(Cluster.objects.get(pk=stopped.pk).members.values_list("state", flat=True)) == {MemberState.JOINED}
