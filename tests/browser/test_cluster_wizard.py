@@ -2,6 +2,7 @@
 import re
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 from machines.models import Machine
@@ -54,7 +55,11 @@ def test_the_wizard_creates_a_cluster_on_the_suggested_network_and_the_bars_fill
     expect(page.locator("#wizard-networks")).to_contain_text("VPN interface")
     page.click("button:text('Create cluster')")
 
-    page.wait_for_url(re.compile(r"/clusters/\d+/$"))
+    try:
+        page.wait_for_url(re.compile(r"/clusters/\d+/$"))
+    except PlaywrightTimeout as exc:  # seen only in whole-suite runs: say where the browser stood and what it showed
+        raise AssertionError(f"Create cluster did not lead to the cluster's page: at {page.url}\n"
+                             f"{page.locator('main').inner_text()[:2000]}") from exc
     expect(page.locator("#cluster-header .badge")).to_have_text(re.compile("Starting|Running"))
     expect(page.locator("#cluster-members .bar").first).to_be_visible(timeout=30000)
     expect(page.locator("#cluster-members")).to_contain_text("from the server")
