@@ -8,15 +8,17 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || "$$(scripts/find-python)" -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,lab]'
+	# The agent's source on the venv's path, for lint-imports (which only reads it: the server never imports it).
+	echo "$(CURDIR)/agent" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/fadenstack-agent-source.pth"
 	touch $@
 
 ## The console on this host: SQLite and a Redis of its own unless DATABASE_URL / REDIS_URL say otherwise.
 run: $(VENV)/.installed
 	$(VENV)/bin/faden serve
 
-## Imports point one way (the contracts in pyproject.toml); the agent's package is found in agent/.
+## Imports point one way (the contracts in pyproject.toml); the venv finds the agent's package in agent/ (a .pth file).
 lint: $(VENV)/.installed
-	PYTHONPATH=agent $(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports
 
 ## The whole suite: unit, API, live updates, the lab (as root) and the browser tests.
 test: lint
