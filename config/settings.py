@@ -130,11 +130,16 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(os.environ.get("FADEN_STATIC_ROOT", BASE_DIR / "staticfiles"))
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+FADEN_CELERY_QUEUE = os.environ.get("FADEN_CELERY_QUEUE", "fadenstack")
+# Live cards travel over Redis pub/sub, whose channels ignore the database number in REDIS_URL:
+# consoles sharing one Redis server keep apart by this prefix, one per queue unless set.
+FADEN_LIVE_PREFIX = os.environ.get("FADEN_LIVE_PREFIX") or f"{FADEN_CELERY_QUEUE}.live"
 
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        # console/pubsub.py publishes with the same prefix, read from here.
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": FADEN_LIVE_PREFIX},
     }
 }
 
@@ -145,7 +150,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("FADEN_CELERY_EAGER")
-CELERY_TASK_DEFAULT_QUEUE = os.environ.get("FADEN_CELERY_QUEUE", "fadenstack")
+CELERY_TASK_DEFAULT_QUEUE = FADEN_CELERY_QUEUE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "machines-mark-offline": {

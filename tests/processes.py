@@ -84,10 +84,10 @@ class Console:
 
 
 @contextlib.contextmanager
-def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: bool = False):
+def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: bool = False, worker: bool = True):
     """Daphne on every address (the lab's machines post heartbeats to it), one worker on a queue of
-    its own, and beat when asked. With ``enqueue`` the test process sends its tasks to that worker
-    instead of running them eagerly."""
+    its own (unless ``worker`` is false), and beat when asked. With ``enqueue`` the test process sends
+    its tasks to that worker instead of running them eagerly."""
     from config.celery import app
 
     port = free_port()
@@ -109,7 +109,8 @@ def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: b
     try:
         web = console.spawn(["-m", "daphne", "-v", "0", "-b", "0.0.0.0", "-p", str(port), "config.asgi:application"])
         wait_for_port(port, web)
-        console.start_worker()
+        if worker:
+            console.start_worker()
         if beat:
             schedule = os.path.join(tempfile.mkdtemp(prefix="fadenstack-beat-"), "schedule")
             console.spawn(["-m", "celery", "-A", "config", "beat", "-l", "WARNING", "-s", schedule])
