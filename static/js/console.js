@@ -15,20 +15,31 @@
 
   // 1. Live dot -------------------------------------------------------------
 
-  function setLive(on, label) {
+  var SESSION_ENDED = 4401; // the console closes a socket whose session ended (console/live_sessions.py)
+
+  function setLive(on, label, title) {
     document.querySelectorAll("[data-live-dot]").forEach(function (dot) {
       dot.classList.toggle("live-dot--on", on);
       dot.classList.toggle("live-dot--off", !on);
       dot.textContent = label;
-      dot.title = on
+      dot.title = title || (on
         ? "Live: this page updates by itself."
-        : "Not connected: the page does not update by itself until it reconnects. Reload to see the latest.";
+        : "Not connected: the page does not update by itself until it reconnects. Reload to see the latest.");
     });
+  }
+
+  function closed(event) {
+    var code = event.detail && event.detail.event && event.detail.event.code;
+    if (code === SESSION_ENDED) {
+      setLive(false, "Signed out", "Your session ended (logged out, new password or account closed): the page no longer updates. Reload to sign in again.");
+    } else {
+      setLive(false, "Reconnecting…");
+    }
   }
 
   document.addEventListener("htmx:wsConnecting", function () { setLive(false, "Connecting…"); });
   document.addEventListener("htmx:wsOpen", function () { setLive(true, "Live"); });
-  document.addEventListener("htmx:wsClose", function () { setLive(false, "Reconnecting…"); });
+  document.addEventListener("htmx:wsClose", closed);
   document.addEventListener("htmx:wsError", function () { setLive(false, "Reconnecting…"); });
 
   // 2. Copy buttons ---------------------------------------------------------
