@@ -10,6 +10,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from config import data_dir
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -22,7 +24,8 @@ def env_int(name: str, default: int) -> int:
 
 
 # Where the console keeps what is not in the database: its SSH key, the secret
-# key, the SQLite file, agent builds. Outside the repository on purpose.
+# key, the SQLite file, agent builds. Outside the repository on purpose; made private
+# to this user below, once every file in it is named.
 DATA_DIR = Path(os.environ.get("FADEN_DATA_DIR", Path.home() / ".local/share/fadenstack"))
 DATA_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
 
@@ -221,6 +224,10 @@ SPECTACULAR_SETTINGS = {
 FADEN_SSH_KEY_PATH = Path(os.environ.get("FADEN_SSH_KEY", DATA_DIR / "ssh" / "id_ed25519"))
 FADEN_SSH_CONNECT_TIMEOUT = env_int("FADEN_SSH_CONNECT_TIMEOUT", 10)
 FADEN_SSH_COMMAND_TIMEOUT = env_int("FADEN_SSH_COMMAND_TIMEOUT", 120)
+
+# At every start, whatever modes were there before: the data directory and all in it (0700, 0600),
+# the SSH key and the SQLite file wherever they are.
+data_dir.private(DATA_DIR, secrets_elsewhere=[FADEN_SSH_KEY_PATH], database=DATABASES["default"])
 
 # Heartbeats: how machines reach the console, how often they beat, when they count as offline.
 FADEN_CONSOLE_URL = os.environ.get("FADEN_CONSOLE_URL", "")
