@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.utils.csp import CSP
 
 from config import data_dir
 
@@ -48,6 +49,35 @@ DEBUG = env_bool("FADEN_DEBUG")
 ALLOWED_HOSTS = os.environ.get("FADEN_ALLOWED_HOSTS", "*").split(",")
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("FADEN_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
+# Behind TLS, FADEN_SECURE=true: browsers and the API are sent to https and told to stay there (HSTS), and
+# the session and CSRF cookies travel over https only. The machines' own endpoints (/agent/: heartbeats,
+# the image's first copy) stay on plain HTTP until their traffic is encrypted, so no machine goes Offline.
+FADEN_SECURE = env_bool("FADEN_SECURE")
+SECURE_SSL_REDIRECT = FADEN_SECURE
+SECURE_REDIRECT_EXEMPT = [r"^agent/"]
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = FADEN_SECURE
+SECURE_HSTS_SECONDS = env_int("FADEN_HSTS_SECONDS", 365 * 24 * 3600) if FADEN_SECURE else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("FADEN_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("FADEN_HSTS_PRELOAD")  # the operator's choice: hard to undo (README)
+if env_bool("FADEN_BEHIND_PROXY"):  # a proxy terminates TLS and says so; trusted only when set, as it can be forged
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    USE_X_FORWARDED_HOST = True
+
+# Scripts, styles, fonts and connections from the console itself only: no inline script or style
+# (progress bars get their width from static/js/console.js). Images may also be data: URLs (the
+# favicon, Swagger UI's icons). docs/security.md says why each source is there.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF],  # the live websocket is same-origin: 'self' covers ws: and wss:
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.SELF],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+}
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -71,6 +101,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -202,6 +233,7 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "console.api.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "console.api.BrowsableAPIRenderer"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Fadenstack console API",

@@ -88,6 +88,8 @@ def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: b
     """Daphne on every address (the lab's machines post heartbeats to it), one worker on a queue of
     its own (unless ``worker`` is false), and beat when asked. With ``enqueue`` the test process sends
     its tasks to that worker instead of running them eagerly."""
+    from django.conf import settings
+
     from config.celery import app
 
     port = free_port()
@@ -98,6 +100,8 @@ def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: b
         "DATABASE_URL": database_url(),
         "FADEN_CELERY_EAGER": "0",
         "FADEN_CELERY_QUEUE": queue,
+        # The test process is part of the same console: what it pushes reaches the console's sockets.
+        "FADEN_LIVE_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
         "FADEN_CONSOLE_URL": f"http://198.18.0.1:{port}",
         "FADEN_LOG_LEVEL": "WARNING",
         **(env or {}),

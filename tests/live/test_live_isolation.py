@@ -40,8 +40,10 @@ def other_redis_database(url: str) -> str:
 
 @pytest.fixture(scope="module")
 def console_b(django_db_setup):
-    """Another console on the same Redis server: a queue, and so a live prefix, of its own."""
-    with console_processes(worker=False, env={"REDIS_URL": other_redis_database(settings.REDIS_URL)}) as console:
+    """Another console on the same Redis server: a queue, and so a live prefix, of its own (the default
+    one, derived from its queue: an empty FADEN_LIVE_PREFIX is no prefix set)."""
+    env = {"REDIS_URL": other_redis_database(settings.REDIS_URL), "FADEN_LIVE_PREFIX": ""}
+    with console_processes(worker=False, env=env) as console:
         yield console
 
 
