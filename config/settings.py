@@ -59,7 +59,10 @@ SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = FADEN_SECURE
 SECURE_HSTS_SECONDS = env_int("FADEN_HSTS_SECONDS", 365 * 24 * 3600) if FADEN_SECURE else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("FADEN_HSTS_INCLUDE_SUBDOMAINS", True)
 SECURE_HSTS_PRELOAD = env_bool("FADEN_HSTS_PRELOAD")  # the operator's choice: hard to undo (README)
-if env_bool("FADEN_BEHIND_PROXY"):  # a proxy terminates TLS and says so; trusted only when set, as it can be forged
+# A proxy in front terminates TLS and says so, and where the request came from (X-Forwarded-For, read by
+# console.audit.client_address). Trusted only when set: a client could forge these headers.
+FADEN_BEHIND_PROXY = env_bool("FADEN_BEHIND_PROXY")
+if FADEN_BEHIND_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     USE_X_FORWARDED_HOST = True
 
@@ -93,6 +96,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files: the API's pages need no internet
+    "axes",  # failed sign-ins counted per address and per user name (console/logins.py)
     "console",
     "machines",
     "clusters",
@@ -104,6 +108,7 @@ MIDDLEWARE = [
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "console.audit.AuditMiddleware",  # outside CSRF and the sign-in check, so their refusals are recorded too
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -111,6 +116,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: it turns a refused sign-in into the lockout page
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -146,10 +152,28 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-AUTH_PASSWORD_VALIDATORS = [
+AUTH_PASSWORD_VALIDATORS = [  # FADEN_ADMIN_PASSWORD goes through them too
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out address or user before any password check
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Sign-ins: after FADEN_LOGIN_FAILURE_LIMIT failures in a row from one address, or for one user name,
+# sign-ins from there or for that name are refused for FADEN_LOGIN_LOCKOUT_MINUTES (each refused try
+# starts the wait again). Every failure is logged and audited (console/logins.py).
+AXES_FAILURE_LIMIT = env_int("FADEN_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("FADEN_LOGIN_LOCKOUT_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]  # either one
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "console.logins.lockout_response"
+AXES_CLIENT_IP_CALLABLE = "console.audit.client_address"
+AXES_DISABLE_ACCESS_LOG = True  # successful sign-ins are in the audit trail
+AXES_VERBOSE = False  # console/logins.py logs each failure in its own words
+MESSAGE_STORAGE = "console.audit.AuditedMessageStorage"  # a page's message is its audit entry's words too
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
@@ -209,6 +233,7 @@ CELERY_BEAT_SCHEDULE = {
 FADEN_KEEP_EVENTS_DAYS = env_int("FADEN_KEEP_EVENTS_DAYS", 90)  # machine events
 FADEN_KEEP_JOBS_DAYS = env_int("FADEN_KEEP_JOBS_DAYS", 90)  # finished jobs; queued and running ones stay
 FADEN_KEEP_CHECKS_DAYS = env_int("FADEN_KEEP_CHECKS_DAYS", 7)  # clusters' health checks: about 1,440 a day each
+FADEN_KEEP_AUDIT_DAYS = env_int("FADEN_KEEP_AUDIT_DAYS", 365)  # the audit trail: who did what
 CELERY_BEAT_SCHEDULE["prune-old-records"] = {"task": "console.tasks.prune_old_records", "schedule": timedelta(hours=1)}
 
 # Jobs: a running job's worker beats its row; a job silent for FADEN_JOB_STALE seconds lost it.
@@ -273,7 +298,7 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("FADEN_LOG_LEVEL", "INFO")},
-    "loggers": {"paramiko": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
+    "loggers": {"paramiko": {"level": "WARNING"}, "daphne": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }
 
 # Static files are served by WhiteNoise from the collected folder, and straight from static/ before

@@ -16,14 +16,13 @@ import logging
 
 from django.contrib.auth import get_user_model, user_logged_out
 from django.db import transaction
-from django.db.models.signals import post_delete, post_save, pre_save
+from django.db.models.signals import post_delete
 
-from console import pubsub
+from console import accounts, pubsub
 
 log = logging.getLogger(__name__)
 
 CLOSE = {"type": "live.close"}  # handled by LiveConsumer.live_close
-ENDS_SESSIONS = frozenset({"password", "is_active"})  # the fields whose change ends a user's sessions
 
 
 def user_group(user_id: int) -> str:
@@ -58,23 +57,10 @@ def _on_logout(sender, request, user, **kwargs) -> None:
         sockets_close(session_group(session_key))
 
 
-def _note_sessions_ending(sender, instance, update_fields=None, **kwargs) -> None:
-    """Before a user is saved: does this save change the password or deactivate the account?
-
-    Only a save that may write those fields looks (``update_fields=["last_login"]`` on every login does not).
-    """
-    instance._live_sessions_end = False
-    if instance.pk is None or (update_fields is not None and not ENDS_SESSIONS & set(update_fields)):
-        return
-    before = sender.objects.filter(pk=instance.pk).values("password", "is_active").first()
-    instance._live_sessions_end = bool(before) and (
-        before["password"] != instance.password or (before["is_active"] and not instance.is_active)
-    )
-
-
-def _on_user_saved(sender, instance, **kwargs) -> None:
-    if getattr(instance, "_live_sessions_end", False):
-        sockets_close(user_group(instance.pk))
+def _on_account_changed(sender, user, changed, **kwargs) -> None:
+    """A new password, or an account deactivated: every session of the user ends."""
+    if "password" in changed or changed.get("is_active") == (True, False):
+        sockets_close(user_group(user.pk))
 
 
 def _on_user_deleted(sender, instance, **kwargs) -> None:
@@ -83,8 +69,6 @@ def _on_user_deleted(sender, instance, **kwargs) -> None:
 
 def connect_signals() -> None:
     """Called from the console's AppConfig.ready."""
-    user_model = get_user_model()
     user_logged_out.connect(_on_logout, dispatch_uid="live_sessions.logout")
-    pre_save.connect(_note_sessions_ending, sender=user_model, dispatch_uid="live_sessions.pre_save")
-    post_save.connect(_on_user_saved, sender=user_model, dispatch_uid="live_sessions.post_save")
-    post_delete.connect(_on_user_deleted, sender=user_model, dispatch_uid="live_sessions.post_delete")
+    accounts.account_changed.connect(_on_account_changed, dispatch_uid="live_sessions.account_changed")
+    post_delete.connect(_on_user_deleted, sender=get_user_model(), dispatch_uid="live_sessions.post_delete")
