@@ -3,11 +3,13 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import DefaultRouter
 
 from clusters.api import ClusterViewSet
+from console.audit_api import AuditEntryViewSet
 from machines.api import MachineViewSet
 
 router = DefaultRouter()
 router.register("machines", MachineViewSet, basename="machine")
 router.register("clusters", ClusterViewSet, basename="cluster")
+router.register("audit", AuditEntryViewSet, basename="audit")
 
 urlpatterns = [
     path("", include(router.urls)),

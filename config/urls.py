@@ -16,6 +16,7 @@ urlpatterns = [
     path("machines/", include("machines.urls")),
     path("clusters/", include("clusters.urls")),
     path("deployments/", include("deployments.urls")),
+    path("audit/", views.audit_list, name="audit"),
     path("agent/heartbeat/", agent_heartbeat, name="agent-heartbeat"),
     path("agent/images/<str:digest>/", runtime_image_download, name="agent-image-download"),
     path("api/", include("config.api_urls")),

@@ -1,4 +1,7 @@
-"""Shared pieces of the REST API: errors as JSON a person can read, the browsable API under the CSP."""
+"""Shared pieces of the REST API: errors as JSON a person can read, the browsable API under the CSP.
+
+Named in the settings (REST_FRAMEWORK), so this module imports no view: DRF's views read those settings
+when they are defined. The console's own API is in console/audit_api.py."""
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils.csp import CSP, build_policy
@@ -45,3 +48,4 @@ class BrowsableAPIRenderer(renderers.BrowsableAPIRenderer):
             policy = {**settings.SECURE_CSP, "style-src": [CSP.SELF, CSP.UNSAFE_INLINE]}
             response.headers[CSP.HEADER_ENFORCE] = build_policy(policy)
         return super().render(data, accepted_media_type, renderer_context)
+

@@ -74,6 +74,19 @@ def may_read(user) -> bool:
     return bool(user and user.is_authenticated and (user.is_superuser or user.groups.filter(name="Administrator").exists()))
 
 
+def audit_entries(*, user: str = "", outcome: str = "", action: str = ""):
+    """The entries, newest first, narrowed by part of a user name, an outcome and the start of an action:
+    the one filter the page and the API share."""
+    entries = AuditEntry.objects.all()
+    if user:
+        entries = entries.filter(username__icontains=user)
+    if outcome in AuditOutcome.values:
+        entries = entries.filter(outcome=outcome)
+    if action:
+        entries = entries.filter(action__startswith=action)
+    return entries
+
+
 def audit_record(*, action: str, outcome: str, request: HttpRequest | None = None, user=None, username: str = "",
                  target: str = "", status: int | None = None, message: str = "") -> AuditEntry:
     """Write one entry. Who and from where come from ``request`` (or the request being answered) unless given."""

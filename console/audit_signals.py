@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model, user_logged_in, user_logged_out
 from django.contrib.auth.models import Group
 from django.db.models.signals import m2m_changed, post_delete, post_save
-from rest_framework.authtoken.models import Token
+from rest_framework.authtoken.models import Token, TokenProxy
 
 from console import accounts
 from console.audit import audit_record
@@ -87,8 +87,9 @@ def connect_signals() -> None:
     user_model = get_user_model()
     user_logged_in.connect(_on_logged_in, dispatch_uid="audit.logged_in")
     user_logged_out.connect(_on_logged_out, dispatch_uid="audit.logged_out")
-    post_save.connect(_on_token_saved, sender=Token, dispatch_uid="audit.token_saved")
-    post_delete.connect(_on_token_deleted, sender=Token, dispatch_uid="audit.token_deleted")
+    for token_model in (Token, TokenProxy):  # the admin saves tokens as TokenProxy: a signal of its own
+        post_save.connect(_on_token_saved, sender=token_model, dispatch_uid=f"audit.{token_model.__name__}_saved")
+        post_delete.connect(_on_token_deleted, sender=token_model, dispatch_uid=f"audit.{token_model.__name__}_deleted")
     post_save.connect(_on_user_saved, sender=user_model, dispatch_uid="audit.user_saved")
     post_delete.connect(_on_user_deleted, sender=user_model, dispatch_uid="audit.user_deleted")
     accounts.account_changed.connect(_on_account_changed, dispatch_uid="audit.account_changed")
