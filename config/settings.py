@@ -67,8 +67,9 @@ if FADEN_BEHIND_PROXY:
     USE_X_FORWARDED_HOST = True
 
 # Scripts, styles, fonts and connections from the console itself only: no inline script or style
-# (progress bars get their width from static/js/console.js). Images may also be data: URLs (the
-# favicon, Swagger UI's icons). docs/security.md says why each source is there.
+# (progress bars get their width from static/js/console.js). Images may also be data: URLs (Swagger
+# UI's icons). DRF's browsable API widens style-src for its own pages (console/api.py).
+# docs/security.md says why each source is there.
 SECURE_CSP = {
     "default-src": [CSP.SELF],
     "script-src": [CSP.SELF],
