@@ -12,10 +12,14 @@ pytest_plugins = ["tests.lab_fixtures"]
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """The lab's tests first (after pytest-django has put them in its order): under ``make test``
     (``-n 2 --dist loadgroup --no-loadscope-reorder``) their worker starts on them at once, and the
     other worker runs everything else beside them. tests/lab_fixtures.py puts them in one group."""
+    grouped = [item for item in items if item.get_closest_marker("xdist_group")]
+    if getattr(config.option, "loadgroup", False) and any("@" not in item.nodeid for item in grouped):
+        raise pytest.UsageError("pytest-xdist did not group the lab's tests (they would run in two workers at once, "
+                                "on one lab): use the pytest version pyproject.toml pins")
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)  # stable: each part keeps its order
 
 
