@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class ConsoleConfig(AppConfig):
@@ -6,9 +7,10 @@ class ConsoleConfig(AppConfig):
     verbose_name = "Console"
 
     def ready(self) -> None:
-        from console import dashboard, views
+        from console import dashboard, roles, views
         from console.jobs import jobs_prune
         from console.pruning import register_pruner
 
         dashboard.register(dashboard.Panel(name="recent-jobs", template="console/_recent_jobs.html", context=views.recent_jobs, order=30))
         register_pruner("jobs", jobs_prune, keep_days_setting="FADEN_KEEP_JOBS_DAYS")
+        post_migrate.connect(roles.groups_sync_after_migrate, sender=self, dispatch_uid="console-groups-sync")

@@ -4,7 +4,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from console import live
+from console import live, roles
 
 MAX_TOPICS = 20
 
@@ -21,17 +21,19 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if not self.topics or not allowed:
             await self.close(code=4403)
             return
+        # The cards come rendered for the user's role: its buttons say what that role may press.
+        self.role = await database_sync_to_async(roles.role_of)(user)
         for topic in self.topics:
-            await self.channel_layer.group_add(live.group_name(topic), self.channel_name)
+            await self.channel_layer.group_add(live.group_name(topic, self.role), self.channel_name)
         await self.accept()
         # Subscribe first, then render: a change between page load and now is not lost.
         for topic in self.topics:
-            for html in await database_sync_to_async(live.render_topic)(topic):
+            for html in await database_sync_to_async(live.render_topic)(topic, "", self.role):
                 await self.send(text_data=html)
 
     async def disconnect(self, code):
         for topic in getattr(self, "topics", []):
-            await self.channel_layer.group_discard(live.group_name(topic), self.channel_name)
+            await self.channel_layer.group_discard(live.group_name(topic, self.role), self.channel_name)
 
     async def live_html(self, event):
         await self.send(text_data=event["html"])

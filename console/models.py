@@ -2,6 +2,7 @@
 from django.db import models
 
 from console.choices import JOB_ACTIVE, JOB_BADGE, JobState
+from console.roles import ROLES
 
 
 class Job(models.Model):
@@ -50,3 +51,14 @@ class Job(models.Model):
         if self.started_at and self.finished_at:
             return self.finished_at - self.started_at
         return None
+
+
+class Access(models.Model):
+    """What the roles' permissions hang on (console/roles.py): ``console.read``, ``console.operate``,
+    ``console.administer``. It has no table; Django needs a model to give a permission to."""
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = [(role.codename, role.description) for role in ROLES]
+        verbose_name_plural = "access"
