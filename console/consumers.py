@@ -22,18 +22,19 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close(code=4403)
             return
         # The cards come rendered for the user's role: its buttons say what that role may press.
-        self.role = await database_sync_to_async(roles.role_of)(user)
-        for topic in self.topics:
-            await self.channel_layer.group_add(live.group_name(topic, self.role), self.channel_name)
+        role = await database_sync_to_async(roles.role_of)(user)
+        self.groups = [live.group_name(topic, role) for topic in self.topics]
+        for group in self.groups:
+            await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
         # Subscribe first, then render: a change between page load and now is not lost.
         for topic in self.topics:
-            for html in await database_sync_to_async(live.render_topic)(topic, "", self.role):
+            for html in await database_sync_to_async(live.render_topic)(topic, "", role):
                 await self.send(text_data=html)
 
     async def disconnect(self, code):
-        for topic in getattr(self, "topics", []):
-            await self.channel_layer.group_discard(live.group_name(topic, self.role), self.channel_name)
+        for group in getattr(self, "groups", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
 
     async def live_html(self, event):
         await self.send(text_data=event["html"])
