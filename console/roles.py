@@ -68,8 +68,9 @@ def role_of(user) -> Role | None:
     return next((role for role in reversed(ROLES) if user.has_perm(role.permission)), None)
 
 
-def roles_of(users) -> dict[int, Role | None]:
-    """``role_of`` for a page of users, in two queries whatever their number."""
+def roles_held(users) -> dict[int, Role | None]:
+    """The role each of a page of users holds, in two queries whatever their number: ``role_of``,
+    except that a deactivated account keeps its role, to have it again when reactivated."""
     from django.contrib.auth.models import Permission
 
     ids = [user.pk for user in users]
@@ -79,8 +80,7 @@ def roles_of(users) -> dict[int, Role | None]:
                          *mine.filter(user__in=ids).values_list("user", "codename")]:
         held[pk].add(codename)
     return {
-        user.pk: None if not user.is_active else ADMINISTRATOR if user.is_superuser
-        else next((role for role in reversed(ROLES) if role.codename in held[user.pk]), None)
+        user.pk: ADMINISTRATOR if user.is_superuser else next((role for role in reversed(ROLES) if role.codename in held[user.pk]), None)
         for user in users
     }
 

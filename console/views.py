@@ -35,7 +35,7 @@ def user_list(request, form: UserAddForm | None = None):
     role = roles.role_of(request.user)
     roles.MANAGE_USERS.offer(role).check()
     page = Paginator(get_user_model().objects.order_by("username"), USERS_PAGE_SIZE).get_page(request.GET.get("page"))
-    held = roles.roles_of(page.object_list)
+    held = roles.roles_held(page.object_list)
     rows = [{"user": user, "role": held[user.pk], "offer": users.user_offer(user, by=request.user, role=role)}
             for user in page.object_list]
     context = {"rows": rows, "page": page, "form": form or UserAddForm(), "roles": roles.ROLES}

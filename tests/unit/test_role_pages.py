@@ -179,8 +179,8 @@ def test_the_side_bar_shows_the_users_role_and_the_users_page_and_admin_to_admin
     viewer_page = signed_in(VIEWER).get("/").content.decode()
     admin_page = signed_in(ADMINISTRATOR).get("/").content.decode()
 
-    assert 'class="sidebar__role">Viewer<' in viewer_page and 'href="/users/"' not in viewer_page and 'href="/admin/"' not in viewer_page
-    assert 'class="sidebar__role">Administrator<' in admin_page and 'href="/users/"' in admin_page and 'href="/admin/"' in admin_page
+    assert 'title="Your role">Viewer<' in viewer_page and 'href="/users/"' not in viewer_page and 'href="/admin/"' not in viewer_page
+    assert 'title="Your role">Administrator<' in admin_page and 'href="/users/"' in admin_page and 'href="/admin/"' in admin_page
 
 
 # -- the API reads --------------------------------------------------------------------------------------
