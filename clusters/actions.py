@@ -9,8 +9,8 @@ from __future__ import annotations
 from clusters.choices import CAN_RETRY, CAN_START, CAN_STOP, CHECKED, ClusterState, MemberState, Role
 from clusters.models import Cluster, ClusterMember
 from clusters.steps import CANCELLABLE_KINDS
-from console.models import Job
 from console import roles
+from console.models import Job
 from console.offers import ALLOWED, Offer
 from console.roles import OPERATOR, Action
 

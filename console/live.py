@@ -22,13 +22,12 @@ from collections.abc import Callable
 from django.db import connection, transaction
 
 from console import pubsub, roles
-from console.roles import Role
 
 log = logging.getLogger(__name__)
 
 # (topic argument, part, role of those who watch) -> the websocket messages (HTML) of the topic's
 # live cards; part "" means all of them, another part (a row's id, say) lets a push send only what changed.
-Renderer = Callable[[str, str, Role], list[str]]
+Renderer = Callable[[str, str, roles.Role], list[str]]
 Checker = Callable[[object, str], bool]  # (user, topic argument) -> may this user see it, beyond having a role
 
 _renderers: dict[str, tuple[Renderer, Checker]] = {}
@@ -48,12 +47,12 @@ def parse_topic(topic: str) -> tuple[str, str] | None:
     return match.group(1), match.group(2) or ""
 
 
-def group_name(topic: str, role: Role) -> str:
+def group_name(topic: str, role: roles.Role) -> str:
     """The group of those who watch ``topic`` with ``role``: ``live.machine.12.viewer``."""
     return f"live.{topic.replace(':', '.')}.{role.slug}"
 
 
-def render_topic(topic: str, part: str, role: Role) -> list[str]:
+def render_topic(topic: str, part: str, role: roles.Role) -> list[str]:
     kind, arg = parse_topic(topic)
     return _renderers[kind][0](arg, part, role)
 

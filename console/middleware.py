@@ -1,6 +1,7 @@
 from django.contrib.auth.middleware import LoginRequiredMiddleware
 from django.contrib.auth.views import LogoutView
 from django.core.exceptions import PermissionDenied
+from django.utils.deprecation import MiddlewareMixin
 
 from console import roles
 
@@ -18,15 +19,9 @@ class LoginRequiredForPages(LoginRequiredMiddleware):
         return super().process_view(request, view_func, view_args, view_kwargs)
 
 
-class RoleRequiredForPages:
+class RoleRequiredForPages(MiddlewareMixin):
     """Every page needs a role: an account without one gets the page that says so (a 403), and can
     still sign out. What each role may change is checked by the actions themselves."""
-
-    def __init__(self, get_response):
-        self.get_response = get_response
-
-    def __call__(self, request):
-        return self.get_response(request)
 
     def process_view(self, request, view_func, view_args, view_kwargs):
         if request.path.startswith(OPEN_PREFIXES) or not getattr(view_func, "login_required", True):

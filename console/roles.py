@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.apps import apps as global_apps
-from django.contrib.auth.management import create_permissions
 
 from console.offers import ALLOWED, Offer
 
@@ -132,6 +131,8 @@ def groups_sync(*, using: str = "default") -> None:
 def groups_sync_after_migrate(sender, *, using: str = "default", **kwargs) -> None:
     """post_migrate of the console: the other apps' permissions are made as their own post_migrate
     runs, some after this one; make them all now, so that the Administrators get every one."""
+    from django.contrib.auth.management import create_permissions
+
     for app_config in global_apps.get_app_configs():
         create_permissions(app_config, verbosity=0, using=using)
     groups_sync(using=using)

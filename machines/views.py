@@ -15,7 +15,6 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from console import roles
 from console.models import Job
-from console.roles import role_of
 from machines import actions, remote, services
 from machines.choices import MachineState
 from machines.forms import ConfirmHostKeyForm, MachineForm, TrustHostKeyForm
@@ -74,7 +73,7 @@ def machine_list(request):
             "state": state,
             "query": query,
             "live_topics": "topic=machines",
-            "add": actions.ADD.offer(role_of(request.user)),
+            "add": actions.ADD.offer(roles.role_of(request.user)),
         },
     )
 
@@ -84,7 +83,7 @@ def machine_add(request):
 
     A role that may not add machines sees the form greyed out, with the reason; its POST is refused
     before the console reaches out to the address."""
-    add = actions.ADD.offer(role_of(request.user))
+    add = actions.ADD.offer(roles.role_of(request.user))
     if request.method == "POST":
         add.check()
     context = {"public_key": remote.console_public_key(), "add": add}
@@ -143,7 +142,7 @@ def machine_cards(machine: Machine, *, role: roles.Role | None) -> dict:
 
 def machine_detail(request, pk: int):
     machine = get_object_or_404(Machine, pk=pk)
-    context = machine_cards(machine, role=role_of(request.user)) | {"live_topics": f"topic=machine:{machine.pk}"}
+    context = machine_cards(machine, role=roles.role_of(request.user)) | {"live_topics": f"topic=machine:{machine.pk}"}
     return render(request, "machines/machine_detail.html", context)
 
 
@@ -182,7 +181,7 @@ def machine_delete(request, pk: int):
             return redirect(machine)
         messages.success(request, f"{machine.name} was deleted.")
         return redirect("machines:list")
-    delete = actions.delete_offer(machine, role=role_of(request.user))
+    delete = actions.delete_offer(machine, role=roles.role_of(request.user))
     return render(request, "machines/machine_delete.html", {"machine": machine, "delete": delete})
 
 
