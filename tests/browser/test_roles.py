@@ -9,7 +9,7 @@ from machines import services
 from machines.choices import MachineState
 from tests.browser.conftest import PASSWORD
 from tests.builders import build, cluster_of, gpu_machine
-from tests.factories import UserFactory
+from tests.factories import MachineFactory, UserFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -77,3 +77,18 @@ def test_an_operator_runs_clusters_but_cannot_enrol_machines(signed_in_as):
 
     page.goto("/machines/")
     expect_greyed_out(page, "Add a machine", "Your role is Operator: adding a machine needs an Administrator.")
+
+
+def test_a_machines_buttons_still_post_after_a_live_update_has_rendered_them_again(page):
+    """Live cards are rendered without a request, so without a CSRF token: their buttons submit a form
+    outside them that holds one."""
+    machine = MachineFactory(awaiting_host_key=True, name="gpu-new")
+    page.goto(f"/machines/{machine.pk}/")
+    expect(page.locator(".live-dot--on")).to_be_visible()
+    page.evaluate("document.querySelector('#machine-hostkey').dataset.before = 'push'")
+
+    services.machine_changed(machine)
+    expect(page.locator("#machine-hostkey[data-before]")).to_have_count(0)  # swapped for the pushed card
+    page.get_by_role("button", name="Trust and enrol").click()
+
+    expect(page.locator(".messages")).to_contain_text("The host key of gpu-new is trusted; enrolling it.")
