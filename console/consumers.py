@@ -4,7 +4,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from console import live, live_sessions
+from console import live, live_sessions, roles
 
 MAX_TOPICS = 20
 
@@ -22,12 +22,15 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close(code=4403)
             return
         await self.join_own_groups(user)
-        for topic in self.topics:
-            await self.channel_layer.group_add(live.group_name(topic), self.channel_name)
+        # The cards come rendered for the user's role: its buttons say what that role may press.
+        role = await database_sync_to_async(roles.role_of)(user)
+        self.groups = [live.group_name(topic, role) for topic in self.topics]
+        for group in self.groups:
+            await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
         # Subscribe first, then render: a change between page load and now is not lost.
         for topic in self.topics:
-            for html in await database_sync_to_async(live.render_topic)(topic):
+            for html in await database_sync_to_async(live.render_topic)(topic, "", role):
                 await self.send(text_data=html)
 
     async def join_own_groups(self, user) -> None:
@@ -41,8 +44,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self.leave_groups()
 
     async def leave_groups(self) -> None:
-        groups = [live.group_name(topic) for topic in getattr(self, "topics", [])] + getattr(self, "own_groups", [])
-        self.topics, self.own_groups = [], []
+        groups = getattr(self, "groups", []) + getattr(self, "own_groups", [])
+        self.groups, self.own_groups = [], []
         for group in groups:
             await self.channel_layer.group_discard(group, self.channel_name)
 
