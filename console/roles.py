@@ -140,15 +140,18 @@ def groups_sync_after_migrate(sender, *, using: str = "default", **kwargs) -> No
 
 def role_set(user, role: Role) -> None:
     """Give ``user`` this role in place of any other: its group, staff for the Administrators (the
-    admin's own flag), and no superuser power left over that would outrank it."""
+    admin's own flag), and no superuser power left over that would outrank it. One transaction: the
+    role changes once (console/accounts.py sends ``role_changed`` when it commits)."""
     from django.contrib.auth.models import Group
+    from django.db import transaction
 
     groups = {group.name: group for group in Group.objects.filter(name__in=[r.name for r in ROLES])}
-    user.groups.remove(*(groups[r.name] for r in ROLES if r is not role))
-    user.groups.add(groups[role.name])
-    user.is_staff = role is ADMINISTRATOR
-    user.is_superuser = user.is_superuser and role is ADMINISTRATOR
-    user.save(update_fields=["is_staff", "is_superuser"])
+    with transaction.atomic():
+        user.groups.remove(*(groups[r.name] for r in ROLES if r is not role))
+        user.groups.add(groups[role.name])
+        user.is_staff = role is ADMINISTRATOR
+        user.is_superuser = user.is_superuser and role is ADMINISTRATOR
+        user.save(update_fields=["is_staff", "is_superuser"])
     for cache in ("_perm_cache", "_user_perm_cache", "_group_perm_cache"):
         user.__dict__.pop(cache, None)
 
