@@ -13,7 +13,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         user = self.scope.get("user")
         if not (user and user.is_authenticated):
-            await self.close(code=4401)
+            await self.close(code=live_sessions.SESSION_ENDED)
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.topics = [t for t in query.get("topic", [])[:MAX_TOPICS] if live.parse_topic(t)]
@@ -53,8 +53,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=event["html"])
 
     async def live_close(self, event):
-        """The session that opened this socket ended (logout, new password, account deactivated).
+        """The session that opened this socket ended (logout, new password, account deactivated: 4401),
+        or the user's role changed (4000: the page reconnects). See console/live_sessions.py.
 
         The groups are left first: no card reaches the socket while the server takes it down."""
         await self.leave_groups()
-        await self.close(code=4401)
+        await self.close(code=event.get("code", live_sessions.SESSION_ENDED))

@@ -41,7 +41,8 @@ def user_create(*, username: str, email: str, password: str, role: Role, by) -> 
 
 
 def user_role_change(*, user, role: Role, by) -> None:
-    """Give ``user`` another role, from the next thing they do (pages and API read it each time)."""
+    """Give ``user`` another role, from the next thing they do (pages and API read it each time); their
+    open pages' live cards come again for it at once (``role_changed``: console/live_sessions.py)."""
     user_offer(user, by=by, role=roles.acting(by)).check()
     with transaction.atomic():
         roles.role_set(user, role)

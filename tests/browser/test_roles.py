@@ -1,9 +1,11 @@
 """Roles in Chromium: a Viewer sees every page with every button that changes something greyed out,
 saying which role it needs, also after a live update; an Operator runs clusters but cannot enrol
-machines."""
+machines; a page left open follows a new role."""
 import pytest
+from django.contrib.auth import get_user_model
 from playwright.sync_api import expect
 
+from console import users
 from console.roles import OPERATOR, VIEWER
 from machines import services
 from machines.choices import MachineState
@@ -77,6 +79,20 @@ def test_an_operator_runs_clusters_but_cannot_enrol_machines(signed_in_as):
 
     page.goto("/machines/")
     expect_greyed_out(page, "Add a machine", "Your role is Operator: adding a machine needs an Administrator.")
+
+
+def test_a_page_left_open_follows_a_new_role_its_live_cards_come_again_rendered_for_it(signed_in_as):
+    machine = gpu_machine("gpu-a", 11)
+    page = signed_in_as(VIEWER)
+    page.goto(f"/machines/{machine.pk}/")
+    expect(page.locator(".live-dot--on")).to_be_visible()
+    expect_greyed_out(page, "Refresh facts", "Your role is Viewer: refreshing a machine's facts needs an Operator.")
+
+    User = get_user_model()
+    users.user_role_change(user=User.objects.get(username="viewer"), role=OPERATOR, by=User.objects.get(username="admin"))
+
+    expect(page.get_by_role("button", name="Refresh facts", exact=True)).to_be_enabled()
+    expect(page.locator(".live-dot--on")).to_have_text("Live")
 
 
 def test_a_machines_buttons_still_post_after_a_live_update_has_rendered_them_again(page):
