@@ -359,10 +359,10 @@ def requests_for(ids: dict) -> list[tuple[str, dict]]:
 
 def run_once(client, how: dict) -> int:
     """One request or render; the size of what it answered, in bytes."""
-    from console import live
+    from console import live, roles
 
     if "topic" in how:
-        return sum(len(html.encode()) for html in live.render_topic(how["topic"], how.get("part", "")))
+        return sum(len(html.encode()) for html in live.render_topic(how["topic"], how.get("part", ""), roles.ADMINISTRATOR))
     response = client.get(how["url"], **how.get("headers", {}))
     if response.status_code != 200:
         sys.exit(f"{how['url']} answered {response.status_code}: {response.content[:500]!r}")
@@ -413,7 +413,7 @@ def time_pushes(count: int, machine_id: int) -> list[tuple[str, float]]:
     from channels.layers import channel_layers, get_channel_layer
     from django.conf import settings
 
-    from console import live
+    from console import live, roles
 
     settings.CHANNEL_LAYERS = {"default": {**settings.CHANNEL_LAYERS["default"],
                                            "CONFIG": {**settings.CHANNEL_LAYERS["default"]["CONFIG"], "prefix": f"bench-{uuid.uuid4().hex[:8]}"}}}
@@ -440,8 +440,8 @@ def time_pushes(count: int, machine_id: int) -> list[tuple[str, float]]:
         async def watch():
             layer = get_channel_layer()
             channel = await layer.new_channel()
-            await layer.group_add(live.group_name("bench"), channel)
-            await layer.group_add(live.group_name(f"machine:{machine_id}"), channel)
+            await layer.group_add(live.group_name("bench", roles.ADMINISTRATOR), channel)
+            await layer.group_add(live.group_name(f"machine:{machine_id}", roles.ADMINISTRATOR), channel)
             ready.set()
             while not done.is_set():
                 try:

@@ -1,6 +1,7 @@
 """What the cluster pages show: the cards of a cluster's page, the list's rows, the network step,
 and the live renders that push them. Views render these for a request; ``render_*_topic`` render
-the same partials for a websocket push.
+the same partials for a websocket push. Both render for a role: the buttons it may not press are
+greyed out with the reason.
 """
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from clusters import actions, hooks, planning, selectors
 from clusters.choices import MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, NetworkMeasurement
 from clusters.wiring import wiring_diagram
+from console import roles
 from console.models import Job
 
 
-def cluster_cards(cluster: Cluster, members: list[ClusterMember] | None = None, *, status: bool = True) -> dict:
-    """The header, the summary, the member table and the operation card (``status``: load the members'
-    last status, which only the wiring card shows)."""
+def cluster_cards(cluster: Cluster, members: list[ClusterMember] | None = None, *, role: roles.Role | None,
+                  status: bool = True) -> dict:
+    """The header, the summary, the member table and the operation card, for ``role`` (``status``: load
+    the members' last status, which only the wiring card shows)."""
     members = selectors.cluster_members(cluster, status=status) if members is None else members
     # The card shows the job's steps, not its log.
     jobs = list(Job.objects.filter(target_type="cluster", target_id=cluster.pk).defer("log", "params")[:1])
@@ -28,7 +31,8 @@ def cluster_cards(cluster: Cluster, members: list[ClusterMember] | None = None, 
         "members": members,
         "job": jobs[0] if jobs else None,
         "busy": busy,
-        "actions": actions.cluster_actions(cluster, busy) | actions.page_flags(cluster),
+        "role": role,
+        "actions": actions.cluster_actions(cluster, busy, role=role) | actions.page_flags(cluster),
         "head": next((m for m in members if m.role == Role.HEAD), None),
         "summary": {
             "machines_up": len(joined),
@@ -52,7 +56,7 @@ def _measured_links(cluster: Cluster, head: ClusterMember | None) -> dict[int, N
 
 
 def _member_view(cluster: Cluster, m: ClusterMember, link: NetworkMeasurement | None, count: int, busy: Job | None,
-                 accelerators: str) -> dict:
+                 accelerators: str, role: roles.Role | None) -> dict:
     """One machine's box in the diagram, its panel and its row: every value the template shows,
     worked out once here rather than looked up again in each of the template's loops."""
     status = m.last_status or {}
@@ -84,7 +88,7 @@ def _member_view(cluster: Cluster, m: ClusterMember, link: NetworkMeasurement | 
         "image_digest": _short_digest(m.runtime_image.digest) if m.runtime_image else "",
         "node_id": ray_node.get("node_id") or m.ray_node_id,
         "link": link,
-        "remove": actions.member_remove(cluster, m, count=count, busy=busy),
+        "remove": actions.member_remove(cluster, m, count=count, busy=busy, role=role),
     }
 
 
@@ -95,7 +99,7 @@ def wiring_card(cluster: Cluster, cards: dict, selected: int | None = None) -> d
     links = _measured_links(cluster, cards["head"])
     summaries = selectors.accelerator_summaries(m.machine_id for m in members)
     views = [_member_view(cluster, m, links.get(m.machine_id) if m.role != Role.HEAD else None, len(members), cards["busy"],
-                          summaries.get(m.machine_id, "")) for m in members]
+                          summaries.get(m.machine_id, ""), cards["role"]) for m in members]
     if selected not in {m.machine_id for m in members}:
         selected = None
     return {"member_views": views, "diagram": wiring_diagram(views), "selected": selected, "drain_later": actions.DRAIN_LATER}
@@ -125,35 +129,35 @@ def extra_cards(cluster: Cluster) -> dict:
     return context
 
 
-def cluster_page(cluster: Cluster, selected: int | None = None) -> dict:
-    cards = cluster_cards(cluster)
+def cluster_page(cluster: Cluster, selected: int | None = None, *, role: roles.Role | None) -> dict:
+    cards = cluster_cards(cluster, role=role)
     return cards | wiring_card(cluster, cards, selected) | checks_card(cluster) | runtime_card(cluster, cards["members"])
 
 
-def render_cluster_topic(arg: str, part: str) -> list[str]:
+def render_cluster_topic(arg: str, part: str, role: roles.Role) -> list[str]:
     # The raw status is shown by the whole page and the checks part only.
     clusters = Cluster.objects.all() if part in ("", "checks") else Cluster.objects.defer("last_status")
     cluster = clusters.filter(pk=int(arg)).first()
     if cluster is None:
         return [render_to_string("clusters/cluster_detail.html#deleted", {"oob": True})]
     if part == "members":
-        cards = cluster_cards(cluster)
+        cards = cluster_cards(cluster, role=role)
         return [render_to_string("clusters/cluster_detail.html#members-live", cards | wiring_card(cluster, cards) | {"oob": True})]
     if part == "job":
-        cards = cluster_cards(cluster, status=False)
+        cards = cluster_cards(cluster, role=role, status=False)
         return [render_to_string("clusters/cluster_detail.html#job-live", cards | runtime_card(cluster, cards["members"]) | {"oob": True})]
     if part == "checks":
         return [render_to_string("clusters/cluster_detail.html#checks-live",
-                                 cluster_cards(cluster, status=False) | checks_card(cluster) | {"oob": True})]
-    return [render_to_string("clusters/cluster_detail.html#live", cluster_page(cluster) | {"oob": True})]
+                                 cluster_cards(cluster, role=role, status=False) | checks_card(cluster) | {"oob": True})]
+    return [render_to_string("clusters/cluster_detail.html#live", cluster_page(cluster, role=role) | {"oob": True})]
 
 
 # -- the list -------------------------------------------------------------------------------------
 
 
-def render_clusters_topic(arg: str, part: str) -> list[str]:
+def render_clusters_topic(arg: str, part: str, role: roles.Role) -> list[str]:
     # The whole body, whatever changed: it is a handful of rows, and so a new cluster appears and a
-    # deleted one goes without the page knowing which rows it holds.
+    # deleted one goes without the page knowing which rows it holds. The rows hold no buttons.
     return [render_to_string("clusters/cluster_list.html#rows", {"clusters": selectors.clusters_with_totals(), "oob": True})]
 
 
@@ -195,12 +199,17 @@ def cluster_network_view(cluster: Cluster, probe_job: Job | None = None, chosen:
     return context | {"cluster": cluster, "current": cluster.network, "can_test": len(members) > 1 and head is not None}
 
 
-def render_probe_topic(arg: str, part: str) -> list[str]:
+def network_offers(role: roles.Role | None) -> dict:
+    """The network step's buttons: test the networks, and (the wizard's) create the cluster."""
+    return {"test": actions.TEST_NETWORKS.offer(role), "create": actions.CREATE.offer(role)}
+
+
+def render_probe_topic(arg: str, part: str, role: roles.Role) -> list[str]:
     job = selectors.probe_job(int(arg))
     if job is None:
         return []
     state = {"picked": job.params["machines"], "head": job.params["head"], "network": "", "probe": job.pk}
-    context = network_view(state, job) | {"oob": True, "wizard": state}
+    context = network_view(state, job) | network_offers(role) | {"oob": True, "wizard": state}
     messages_out = [render_to_string("clusters/wizard.html#networks", context)]
     # The same test runs from a cluster's Change the network page: that page's table gets the results too
     # (a page without the element ignores it).
@@ -209,6 +218,7 @@ def render_probe_topic(arg: str, part: str) -> list[str]:
     if led is not None:
         cluster = led.cluster
         messages_out.append(render_to_string("clusters/cluster_network.html#networks",
-                                             cluster_cards(cluster, status=False) | cluster_network_view(cluster, job) | {"oob": True}))
+                                             cluster_cards(cluster, role=role, status=False) | cluster_network_view(cluster, job)
+                                             | network_offers(role) | {"oob": True}))
     return messages_out
 

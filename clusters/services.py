@@ -3,9 +3,12 @@ runtime and network, repair it, and measure its networks.
 
 The wizard, the API and the tasks call these. The decisions (what can be picked,
 the head, the network, who sends the image to whom) are pure functions in
-planning.py and policy.py; which action a cluster allows now, and the sentence
-that refuses the others, are in actions.py; reads are in selectors.py; the
-jobs' steps in steps.py. Jobs are sent to their task by kind, after commit.
+planning.py and policy.py; which action a cluster allows now (to whom), and the
+sentence that refuses the others, are in actions.py; reads are in selectors.py;
+the jobs' steps in steps.py. Jobs are sent to their task by kind, after commit.
+
+The services a person calls take ``user``, whose role each checks before anything
+else (None: the console itself acts, as a task or beat).
 """
 from __future__ import annotations
 
@@ -23,10 +26,11 @@ from clusters.choices import CHECKED, CheckTrigger, ClusterState, MemberState, R
 from clusters.lifecycle import cluster_changed, cluster_locked, cluster_transition, members_transition
 from clusters.models import Cluster, ClusterMember
 from clusters.transfer import transfers_reset
-from console import live
+from console import live, roles
 from console.choices import JOB_ACTIVE
 from console.jobs import job_start, task_enqueue
 from console.models import Job
+from console.offers import Offer
 from machines.choices import MachineState
 from machines.models import Machine
 
@@ -73,6 +77,7 @@ def cluster_plan_check(*, machine_ids: list[int], head_id: int | None) -> tuple[
 
 def cluster_create(*, name: str, machine_ids: list[int], head_id: int | None, network: str, user=None) -> Cluster:
     """Check everything the wizard checks, write the cluster and its members, and start it."""
+    actions.CREATE.offer(roles.acting(user)).check()
     cluster_name_check(name)
     machine_ids = list(dict.fromkeys(machine_ids))
     if head_id is None and len(machine_ids) == 1:
@@ -110,6 +115,11 @@ def cluster_create(*, name: str, machine_ids: list[int], head_id: int | None, ne
         for machine in locked.values():
             live.push("machines", part=str(machine.pk))
     return cluster
+
+
+def _actions(cluster: Cluster, user) -> dict[str, Offer]:
+    """What the (locked) cluster allows the user now: the role, the state and the operation under way."""
+    return actions.cluster_actions(cluster, selectors.cluster_busy(cluster), role=roles.acting(user))
 
 
 def _cluster_job(cluster: Cluster, operation: steps.Operation, *, title: str, user=None, params: dict | None = None) -> Job:
@@ -157,7 +167,7 @@ def cluster_start(*, cluster: Cluster, user=None) -> Job:
     """Start: a stopped cluster comes back on its machines, network and runtime."""
     with transaction.atomic():
         cluster = cluster_locked(cluster)
-        actions.cluster_actions(cluster, selectors.cluster_busy(cluster))["start"].check()
+        _actions(cluster, user)["start"].check()
         cluster.start_attempts = 0
         cluster.save(update_fields=["start_attempts"])
         return _restart(cluster, user=user, reason="Starting on its machines.")
@@ -167,7 +177,7 @@ def cluster_retry(*, cluster: Cluster, user=None) -> Job:
     """Try again: start over at once (the Try again button), while the cluster waits, retries or failed."""
     with transaction.atomic():
         cluster = cluster_locked(cluster)
-        actions.cluster_actions(cluster, selectors.cluster_busy(cluster))["retry"].check()
+        _actions(cluster, user)["retry"].check()
         return _restart(cluster, user=user, reason="")
 
 
@@ -244,7 +254,7 @@ def cluster_stop(*, cluster: Cluster, user=None) -> Job:
     """Stop Ray and the runtime on every machine and free their GPUs; machines, network and deployments stay."""
     with transaction.atomic():
         cluster = cluster_locked(cluster)
-        actions.cluster_actions(cluster, selectors.cluster_busy(cluster))["stop"].check()
+        _actions(cluster, user)["stop"].check()
         _cancel_start(cluster)
         cluster.next_retry_at = None
         cluster.restart_attempt = 0
@@ -266,7 +276,7 @@ def cluster_delete(*, cluster: Cluster, user=None) -> Job | None:
     first (a job), then its record goes; a stopped cluster, or one whose machines are all offline, goes at once (None)."""
     with transaction.atomic():
         cluster = cluster_locked(cluster)
-        actions.cluster_actions(cluster, selectors.cluster_busy(cluster))["delete"].check()
+        _actions(cluster, user)["delete"].check()
         blockers = hooks.delete_blockers(cluster)
         if blockers:
             raise ValidationError(" ".join(blockers))
@@ -303,11 +313,11 @@ def cluster_add_machines(*, cluster: Cluster, machine_ids: list[int], user=None)
     """Add machines to a running cluster: each is checked (it must reach the head on the cluster's
     network), gets the image the cluster runs from a machine of the cluster, starts its runtime and joins Ray."""
     machine_ids = list(dict.fromkeys(machine_ids))
-    if not machine_ids:
-        raise ValidationError({"machines": "Tick at least one machine to add."})
     with transaction.atomic():
         cluster = cluster_locked(cluster)
-        actions.cluster_actions(cluster, selectors.cluster_busy(cluster))["add"].check()
+        _actions(cluster, user)["add"].check()
+        if not machine_ids:
+            raise ValidationError({"machines": "Tick at least one machine to add."})
         already = set(selectors.cluster_machine_ids(cluster)) & set(machine_ids)
         if already:
             names = ", ".join(Machine.objects.filter(pk__in=already).values_list("name", flat=True))
@@ -339,12 +349,14 @@ def cluster_member_remove(*, cluster: Cluster, machine_id: int, user=None) -> No
     """Remove from cluster: nothing of the cluster serves on the machine (the cluster is stopped, or the
     machine did not join), so it only leaves the record. The head leaves only a stopped cluster; the
     machine with the most accelerators leads from then on."""
+    role = roles.acting(user)
+    actions.REMOVE.offer(role).check()  # before saying whether the machine is in the cluster
     with transaction.atomic():
         cluster = cluster_locked(cluster)
         member = cluster.members.select_related("machine").filter(machine_id=machine_id).first()
         if member is None:
             raise ValidationError(f"That machine is not in {cluster.name}.")
-        actions.member_remove(cluster, member, count=cluster.members.count(), busy=selectors.cluster_busy(cluster)).check()
+        actions.member_remove(cluster, member, count=cluster.members.count(), busy=selectors.cluster_busy(cluster), role=role).check()
         hooks.member_leaving.send(sender=Cluster, cluster=cluster, machine_id=machine_id)
         was_head = member.role == Role.HEAD
         member.delete()
@@ -361,12 +373,12 @@ def cluster_member_remove(*, cluster: Cluster, machine_id: int, user=None) -> No
 def cluster_switch_runtime(*, cluster: Cluster, user=None) -> Job | None:
     """Switch every machine to the newest certified build for its kind: the cluster restarts on it.
     A stopped cluster only records the switch; it runs the new build when it starts."""
-    offer = [entry for entry in selectors.runtime_offer(cluster) if entry["newer"]]
-    if not offer:
-        raise ValidationError(f"{cluster.name} already runs the newest certified runtime for its machines.")
     with transaction.atomic():
         cluster = cluster_locked(cluster)
-        actions.cluster_actions(cluster, selectors.cluster_busy(cluster))["switch"].check()
+        _actions(cluster, user)["switch"].check()
+        offer = [entry for entry in selectors.runtime_offer(cluster) if entry["newer"]]
+        if not offer:
+            raise ValidationError(f"{cluster.name} already runs the newest certified runtime for its machines.")
         for entry in offer:
             switched = ClusterMember.objects.filter(cluster=cluster, runtime_image=entry["image"])
             transfers_reset(list(switched.values_list("pk", flat=True)))
@@ -384,15 +396,15 @@ def cluster_switch_runtime(*, cluster: Cluster, user=None) -> Job | None:
 def cluster_change_network(*, cluster: Cluster, network: str, user=None) -> Job | None:
     """Move the cluster to another network its machines share: applied by restarting it
     (a stopped cluster uses it when it starts)."""
-    networks = {n.subnet: n for n in selectors.cluster_networks(cluster)}
-    if network not in networks:
-        raise ValidationError({"network": f"{network or 'That'} is not a network all of {cluster.name}'s machines share; "
-                                          f"pick one of {', '.join(networks) or 'none'}."})
     with transaction.atomic():
         cluster = cluster_locked(cluster)
+        _actions(cluster, user)["network"].check()
+        networks = {n.subnet: n for n in selectors.cluster_networks(cluster)}
+        if network not in networks:
+            raise ValidationError({"network": f"{network or 'That'} is not a network all of {cluster.name}'s machines share; "
+                                              f"pick one of {', '.join(networks) or 'none'}."})
         if network == cluster.network:
             raise ValidationError({"network": f"{cluster.name} already runs on {network}."})
-        actions.cluster_actions(cluster, selectors.cluster_busy(cluster))["network"].check()
         old = cluster.network
         cluster.network = network
         cluster.save(update_fields=["network"])
@@ -410,7 +422,7 @@ def cluster_change_network(*, cluster: Cluster, network: str, user=None) -> Job 
 
 def cluster_check_now(*, cluster: Cluster, user=None) -> None:
     """Check now: look at the cluster at once instead of waiting for the next check."""
-    actions.cluster_actions(cluster, None)["check"].check()
+    actions.cluster_actions(cluster, None, role=roles.acting(user))["check"].check()
     who = getattr(user, "username", "") or "the API"
     task_enqueue(CHECK_TASK, cluster.pk, CheckTrigger.MANUAL, f"by {who}")
 
@@ -468,6 +480,7 @@ def cluster_machine_reconnected(*, machine_id: int, name: str) -> None:
 
 def network_probe_start(*, machine_ids: list[int], head_id: int, user=None) -> Job:
     """Measure every shared network between the head and each other machine (the wizard's live test)."""
+    actions.TEST_NETWORKS.offer(roles.acting(user)).check()
     picked = selectors.candidates(machine_ids)
     if len(picked) < 2:
         raise ValidationError("A network test needs at least two machines.")

@@ -1,6 +1,8 @@
 """Cluster pages: the list, the Create a cluster wizard, a cluster's page and its buttons.
 
-Views read the request, call a service, and render what pages.py gives them.
+Views read the request, call a service, and render what pages.py gives them for the user's role.
+A service that refuses for the role raises PermissionDenied: the page answers 403 with the sentence
+(a greyed-out button is only pressed by hand-made requests).
 """
 from urllib.parse import urlencode
 
@@ -12,9 +14,10 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from clusters import pages, planning, selectors, services
+from clusters import actions, pages, planning, selectors, services
 from clusters.choices import ClusterState, Role
 from clusters.models import Cluster
+from console.roles import role_of
 from machines.choices import MachineState
 from machines.models import short_model
 
@@ -48,7 +51,7 @@ def wizard_state(params) -> dict:
 def cluster_new(request):
     state = wizard_state(request.GET)
     step = request.GET.get("step", "name")
-    context = {"wizard": state, "step": step if step in STEPS else "name"}
+    context = {"wizard": state, "step": step if step in STEPS else "name"} | pages.network_offers(role_of(request.user))
     if context["step"] != "name":
         try:
             services.cluster_name_check(state["name"])
@@ -151,7 +154,8 @@ def _wizard_url(state, step: str) -> str:
 
 
 def cluster_list(request):
-    return render(request, "clusters/cluster_list.html", {"clusters": selectors.clusters_with_totals(), "live_topics": "topic=clusters"})
+    return render(request, "clusters/cluster_list.html", {"clusters": selectors.clusters_with_totals(), "live_topics": "topic=clusters",
+                                                          "create": actions.CREATE.offer(role_of(request.user))})
 
 
 # -- a cluster's page --------------------------------------------------------------------------------
@@ -159,7 +163,7 @@ def cluster_list(request):
 def cluster_detail(request, pk: int):
     cluster = get_object_or_404(Cluster, pk=pk)
     selected = _head(request.GET.get("machine"))
-    context = pages.cluster_page(cluster, selected) | {"live_topics": f"topic=cluster:{pk}"}
+    context = pages.cluster_page(cluster, selected, role=role_of(request.user)) | {"live_topics": f"topic=cluster:{pk}"}
     return render(request, "clusters/cluster_detail.html", context)
 
 
@@ -215,7 +219,7 @@ def cluster_delete(request, pk: int):
         else:
             messages.success(request, f"Deleting {name}: it is stopped on its machines first, then its record goes.")
         return redirect("clusters:list")
-    return render(request, "clusters/cluster_confirm.html", pages.cluster_cards(cluster, status=False) | {
+    return render(request, "clusters/cluster_confirm.html", pages.cluster_cards(cluster, role=role_of(request.user), status=False) | {
         "confirm": "delete",
         "stopped": cluster.state == ClusterState.STOPPED,
     })
@@ -241,7 +245,7 @@ def cluster_add(request, pk: int):
     rows = _machine_rows(candidates, by_id, picked=picked)
     # The ticked ones first, then the page the filter found.
     rows.sort(key=lambda r: (not r["picked"], r["candidate"].name))
-    cards = pages.cluster_cards(cluster, status=False)
+    cards = pages.cluster_cards(cluster, role=role_of(request.user), status=False)
     context = cards | {"rows": rows, "errors": errors, "selectable": sum(1 for r in rows if r["verdict"].selectable),
                        **_finder(found, listed)}
     return render(request, "clusters/cluster_add.html", context, status=400 if errors else 200)
@@ -274,7 +278,7 @@ def cluster_runtime_switch(request, pk: int):
         else:
             messages.success(request, f"Restarting {cluster.name} on the new build.")
         return redirect(cluster)
-    cards = pages.cluster_cards(cluster, status=False)
+    cards = pages.cluster_cards(cluster, role=role_of(request.user), status=False)
     return render(request, "clusters/cluster_confirm.html", cards | pages.runtime_card(cluster, cards["members"]) | {"confirm": "switch"})
 
 
@@ -295,7 +299,9 @@ def cluster_network(request, pk: int):
         return redirect(cluster)
     probe = _head(request.GET.get("probe"))
     probe_job = selectors.probe_job(probe)
-    context = pages.cluster_cards(cluster, status=False) | pages.cluster_network_view(cluster, probe_job, request.GET.get("network", ""))
+    role = role_of(request.user)
+    context = (pages.cluster_cards(cluster, role=role, status=False) | pages.network_offers(role)
+               | pages.cluster_network_view(cluster, probe_job, request.GET.get("network", "")))
     if probe_job:
         context["live_topics"] = f"topic=probe:{probe_job.pk}"
     return render(request, "clusters/cluster_network.html", context)

@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class ConsoleConfig(AppConfig):
@@ -6,7 +7,7 @@ class ConsoleConfig(AppConfig):
     verbose_name = "Console"
 
     def ready(self) -> None:
-        from console import accounts, audit_signals, dashboard, live_sessions, logins, views
+        from console import accounts, audit_signals, dashboard, live_sessions, logins, roles, views
         from console.audit import audit_prune
         from console.jobs import jobs_prune
         from console.pruning import register_pruner
@@ -18,3 +19,4 @@ class ConsoleConfig(AppConfig):
         live_sessions.connect_signals()
         audit_signals.connect_signals()
         logins.connect_signals()
+        post_migrate.connect(roles.groups_sync_after_migrate, sender=self, dispatch_uid="console-groups-sync")

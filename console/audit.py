@@ -26,6 +26,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import resolve_url
 from django.urls import Resolver404, resolve
 
+from console import roles
 from console.choices import AuditOutcome
 from console.models import AuditEntry
 from console.pruning import delete_in_batches
@@ -69,9 +70,12 @@ def client_address(request: HttpRequest) -> str | None:
         return None
 
 
-def may_read(user) -> bool:
-    """Whether the user may read the audit trail: Administrators (one place to swap for the roles' helper)."""
-    return bool(user and user.is_authenticated and (user.is_superuser or user.groups.filter(name="Administrator").exists()))
+READ_AUDIT = roles.Action("reading the audit trail", roles.ADMINISTRATOR)
+
+
+def may_read(user) -> roles.Offer:
+    """Whether the user may read the audit trail (Administrators), and when not, why."""
+    return READ_AUDIT.offer(roles.role_of(user))
 
 
 def audit_entries(*, user: str = "", outcome: str = "", action: str = ""):

@@ -9,10 +9,10 @@ from console.models import AuditEntry
 
 
 class AuditReaders(permissions.BasePermission):
-    message = "Only Administrators may read the audit trail."
-
     def has_permission(self, request, view) -> bool:
-        return audit.may_read(request.user)
+        offer = audit.may_read(request.user)
+        self.message = offer.why
+        return offer.ok
 
 
 class AuditEntrySerializer(serializers.ModelSerializer):

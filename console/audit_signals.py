@@ -1,9 +1,13 @@
 """The audit entries a request's url does not tell: sign-ins and sign-outs, API tokens made and revoked,
-users made and deleted, roles (groups) given and taken, an account's flags and password changed.
+users made and deleted, roles changed, other groups given and taken, an account's flags and password changed.
 
 Each is recorded wherever it happens: in a page, the API, the admin, or a command on the server
 (``faden drf_create_token``, ``faden changepassword``), which records no person and no address.
 Failed sign-ins are recorded by console/logins.py, with the log line that goes with them.
+
+A role is recorded as the role it was and the one it is ("Role: Viewer -> Operator."), once per
+transaction (console/accounts.py), whatever writes made it: its groups are not recorded one by one,
+nor the ``is_staff`` flag that follows the role (the role, not the flag, opens the admin).
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from django.contrib.auth.models import Group
 from django.db.models.signals import m2m_changed, post_delete, post_save
 from rest_framework.authtoken.models import Token, TokenProxy
 
-from console import accounts
+from console import accounts, roles
 from console.audit import audit_record
 from console.choices import AuditOutcome
 
@@ -22,8 +26,6 @@ ACCOUNT_WORDS = {
     ("is_active", True): "Activated again.",
     ("is_superuser", True): "Made a superuser.",
     ("is_superuser", False): "No longer a superuser.",
-    ("is_staff", True): "May use the admin.",
-    ("is_staff", False): "May no longer use the admin.",
 }
 
 
@@ -65,14 +67,23 @@ def _on_account_changed(sender, user, changed, **kwargs) -> None:
     _done("user.changed", target=f"user {user.get_username()}", message=" ".join(words))
 
 
+def _on_role_changed(sender, user, before, after, **kwargs) -> None:
+    _done("user.role", target=f"user {user.get_username()}", message=f"Role: {before or 'no role'} -> {after or 'no role'}.")
+
+
 def _on_groups_changed(sender, instance, action, reverse, pk_set, **kwargs) -> None:
-    """A user's groups (roles) changed: from the user's side (user.groups.add) or the group's (group.user_set.add)."""
+    """A user's groups other than the roles' changed: from the user's side (user.groups.add) or the
+    group's (group.user_set.add). Roles are recorded as roles (``_on_role_changed``)."""
     if action not in ("post_add", "post_remove", "pre_clear"):
         return
+    role_groups = [role.name for role in roles.ROLES]
     verb = {"post_add": "Added to", "post_remove": "Removed from", "pre_clear": "Removed from"}[action]
     if not reverse:  # instance is a user, pk_set its groups
         users = [instance]
         groups = Group.objects.filter(pk__in=pk_set) if action != "pre_clear" else instance.groups.all()
+        groups = groups.exclude(name__in=role_groups)
+    elif instance.name in role_groups:
+        return
     else:  # instance is a group, pk_set its users
         users = list(get_user_model().objects.filter(pk__in=pk_set)) if action != "pre_clear" else list(instance.user_set.all())
         groups = [instance]
@@ -93,4 +104,5 @@ def connect_signals() -> None:
     post_save.connect(_on_user_saved, sender=user_model, dispatch_uid="audit.user_saved")
     post_delete.connect(_on_user_deleted, sender=user_model, dispatch_uid="audit.user_deleted")
     accounts.account_changed.connect(_on_account_changed, dispatch_uid="audit.account_changed")
+    accounts.role_changed.connect(_on_role_changed, dispatch_uid="audit.role_changed")
     m2m_changed.connect(_on_groups_changed, sender=user_model.groups.through, dispatch_uid="audit.groups_changed")

@@ -4,7 +4,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from console import live, live_sessions
+from console import live, live_sessions, roles
 
 MAX_TOPICS = 20
 
@@ -13,7 +13,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         user = self.scope.get("user")
         if not (user and user.is_authenticated):
-            await self.close(code=4401)
+            await self.close(code=live_sessions.SESSION_ENDED)
             return
         query = parse_qs(self.scope.get("query_string", b"").decode())
         self.topics = [t for t in query.get("topic", [])[:MAX_TOPICS] if live.parse_topic(t)]
@@ -22,12 +22,15 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close(code=4403)
             return
         await self.join_own_groups(user)
-        for topic in self.topics:
-            await self.channel_layer.group_add(live.group_name(topic), self.channel_name)
+        # The cards come rendered for the user's role: its buttons say what that role may press.
+        role = await database_sync_to_async(roles.role_of)(user)
+        self.groups = [live.group_name(topic, role) for topic in self.topics]
+        for group in self.groups:
+            await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
         # Subscribe first, then render: a change between page load and now is not lost.
         for topic in self.topics:
-            for html in await database_sync_to_async(live.render_topic)(topic):
+            for html in await database_sync_to_async(live.render_topic)(topic, "", role):
                 await self.send(text_data=html)
 
     async def join_own_groups(self, user) -> None:
@@ -41,8 +44,8 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self.leave_groups()
 
     async def leave_groups(self) -> None:
-        groups = [live.group_name(topic) for topic in getattr(self, "topics", [])] + getattr(self, "own_groups", [])
-        self.topics, self.own_groups = [], []
+        groups = getattr(self, "groups", []) + getattr(self, "own_groups", [])
+        self.groups, self.own_groups = [], []
         for group in groups:
             await self.channel_layer.group_discard(group, self.channel_name)
 
@@ -50,8 +53,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=event["html"])
 
     async def live_close(self, event):
-        """The session that opened this socket ended (logout, new password, account deactivated).
+        """The session that opened this socket ended (logout, new password, account deactivated: 4401),
+        or the user's role changed (4000: the page reconnects). See console/live_sessions.py.
 
         The groups are left first: no card reaches the socket while the server takes it down."""
         await self.leave_groups()
-        await self.close(code=4401)
+        await self.close(code=event.get("code", live_sessions.SESSION_ENDED))

@@ -8,6 +8,11 @@ deactivated or deleted account closes all of the user's (close code 4401, which
 the page's live dot reads as "Signed out"). A reload signs in again where the
 session still holds (the one that changed the password); Channels checks the
 session as Django does, so the others are refused.
+
+A new role keeps the session but changes the cards: they are rendered for a role,
+with the buttons it may press. So the user's sockets are closed with
+``RECONNECT`` (4000), which the page answers by connecting again at once, to the
+groups of the new role and with every card rendered for it.
 """
 from __future__ import annotations
 
@@ -22,7 +27,8 @@ from console import accounts, pubsub
 
 log = logging.getLogger(__name__)
 
-CLOSE = {"type": "live.close"}  # handled by LiveConsumer.live_close
+SESSION_ENDED = 4401  # the page's live dot reads "Signed out" and does not reconnect (static/js/console.js)
+RECONNECT = 4000  # the page connects again at once: what the socket may see changed
 
 
 def user_group(user_id: int) -> str:
@@ -39,13 +45,13 @@ def socket_groups(user, session_key: str | None) -> list[str]:
     return [user_group(user.pk)] + ([session_group(session_key)] if session_key else [])
 
 
-def sockets_close(group: str) -> None:
-    """Close every websocket in the group once the transaction commits."""
+def sockets_close(group: str, *, code: int = SESSION_ENDED) -> None:
+    """Close every websocket in the group with ``code`` once the transaction commits."""
 
     def send() -> None:
         try:
-            pubsub.send(group, CLOSE)
-        except Exception:  # noqa: BLE001 - Redis away: the sockets' next reconnect is refused all the same
+            pubsub.send(group, {"type": "live.close", "code": code})  # handled by LiveConsumer.live_close
+        except Exception:  # noqa: BLE001 - Redis away: the sockets' next reconnect is refused (or re-rendered) all the same
             log.exception("could not close the sockets of %s", group)
 
     transaction.on_commit(send)
@@ -67,8 +73,14 @@ def _on_user_deleted(sender, instance, **kwargs) -> None:
     sockets_close(user_group(instance.pk))
 
 
+def _on_role_changed(sender, user, before, after, **kwargs) -> None:
+    """Another role: every socket of the user reconnects, and gets the cards of the role it has now."""
+    sockets_close(user_group(user.pk), code=RECONNECT)
+
+
 def connect_signals() -> None:
     """Called from the console's AppConfig.ready."""
     user_logged_out.connect(_on_logout, dispatch_uid="live_sessions.logout")
     accounts.account_changed.connect(_on_account_changed, dispatch_uid="live_sessions.account_changed")
+    accounts.role_changed.connect(_on_role_changed, dispatch_uid="live_sessions.role_changed")
     post_delete.connect(_on_user_deleted, sender=get_user_model(), dispatch_uid="live_sessions.post_delete")

@@ -3,6 +3,7 @@ from django.db import models
 from django.utils import timezone
 
 from console.choices import AUDIT_BADGE, JOB_ACTIVE, JOB_BADGE, AuditOutcome, JobState
+from console.roles import ROLES
 
 
 class Job(models.Model):
@@ -85,3 +86,14 @@ class AuditEntry(models.Model):
     @property
     def badge(self) -> str:
         return AUDIT_BADGE[self.outcome]
+
+
+class Access(models.Model):
+    """What the roles' permissions hang on (console/roles.py): ``console.read``, ``console.operate``,
+    ``console.administer``. It has no table; Django needs a model to give a permission to."""
+
+    class Meta:
+        managed = False
+        default_permissions = ()
+        permissions = [(role.codename, role.description) for role in ROLES]
+        verbose_name_plural = "access"

@@ -45,7 +45,7 @@ class MachineAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{machine.name}: {' '.join(exc.messages)}", messages.WARNING)
 
     def delete_model(self, request, obj):
-        services.machine_delete(machine=obj)
+        services.machine_delete(machine=obj, user=request.user)
 
 
 @admin.register(MachineEvent)

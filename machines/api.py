@@ -121,7 +121,7 @@ class MachineViewSet(
         return Response(body, status=status.HTTP_201_CREATED)
 
     def perform_destroy(self, machine):
-        services.machine_delete(machine=machine)
+        services.machine_delete(machine=machine, user=self.request.user)
 
     @extend_schema(request=None, responses={202: JobSerializer})
     @action(detail=True, methods=["post"])

@@ -1,7 +1,8 @@
 """Everything that changes a machine: enrolment, host keys, facts, heartbeats, state.
 
 Views, the API, the admin and tasks all call these functions; nothing else
-writes a machine's state.
+writes a machine's state. Those a person calls take ``user`` and check the
+user's role first (machines/actions.py; None: the console itself acts).
 """
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.timesince import timesince
 
-from console import live
+from console import live, roles
+from console.choices import JOB_ACTIVE
 from console.jobs import job_start
 from console.lifecycle import InvalidTransition, transition  # noqa: F401 - InvalidTransition is part of this API
 from console.models import Job
 from console.pruning import delete_in_batches
-from machines import remote
+from machines import actions, remote
 from machines.choices import TRANSITIONS, EventKind, InterfaceKind, MachineState
 from machines.models import Accelerator, Machine, MachineEvent, NetworkInterface
 from machines.signals import machine_reconnected, machine_went_offline
@@ -102,6 +104,7 @@ def machine_create(
     machine must offer exactly that key, and enrolment starts. Without one the
     machine waits in "Host key to confirm" with the key it offered.
     """
+    actions.ADD.offer(roles.acting(user)).check()
     machine = machine_validate(name=name, address=address, ssh_port=ssh_port, ssh_user=ssh_user)
     if host_key_fingerprint:
         machine.host_key_fingerprint = host_key_fingerprint
@@ -132,6 +135,7 @@ def machine_create(
 
 def machine_trust_host_key(*, machine: Machine, fingerprint: str, user=None) -> Job:
     """Trust the key the machine offered (first contact or after a change) and enrol it again."""
+    actions.TRUST.offer(roles.acting(user)).check()
     remote_fp = machine.offered_host_key_fingerprint
     if not remote_fp:
         raise ValidationError({"fingerprint": "This machine has no new host key waiting to be trusted."})
@@ -166,10 +170,8 @@ def machine_enrol_start(*, machine: Machine, user=None, title: str = "") -> Job:
 
 def machine_refresh(*, machine: Machine, user=None) -> Job:
     """Read the facts again (and bring the agent up to date): the enrolment job, run again."""
-    if machine.state == MachineState.HOST_KEY or (machine.offered_host_key_fingerprint and machine.state == MachineState.FAILED):
-        raise ValidationError("Confirm the machine's host key first.")
-    if Job.objects.filter(target_type="machine", target_id=machine.pk, state__in=["queued", "running"]).exists():
-        raise ValidationError("A job is already running on this machine; wait for it to finish.")
+    busy = Job.objects.filter(target_type="machine", target_id=machine.pk, state__in=JOB_ACTIVE).exists()
+    actions.refresh_offer(machine, busy=busy, role=roles.acting(user)).check()
     with transaction.atomic():
         if machine.state == MachineState.FAILED:
             return machine_enrol_start(machine=machine, user=user, title=f"Refresh facts of {machine.name}")
@@ -185,15 +187,11 @@ def machine_refresh(*, machine: Machine, user=None) -> Job:
     return job
 
 
-def machine_delete(*, machine: Machine) -> None:
+def machine_delete(*, machine: Machine, user=None) -> None:
     """Forget the machine. Its heartbeats are refused from now on; the agent stays on it until re-used."""
-    membership = getattr(machine, "membership", None)
-    if membership is not None:
-        raise ValidationError(
-            f"{machine.name} is in the cluster {membership.cluster.name}: take it out of that cluster first."
-        )
+    actions.delete_offer(machine, role=roles.acting(user)).check()
     with transaction.atomic():
-        Job.objects.filter(target_type="machine", target_id=machine.pk, state__in=["queued", "running"]).update(
+        Job.objects.filter(target_type="machine", target_id=machine.pk, state__in=JOB_ACTIVE).update(
             cancel_requested=True
         )
         pk = machine.pk

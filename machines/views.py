@@ -1,4 +1,8 @@
-"""Machine pages: the list, Add a machine (details, then the host key), a machine's page."""
+"""Machine pages: the list, Add a machine (details, then the host key), a machine's page.
+
+Each renders for the user's role (machines/actions.py): a button the role may not press is greyed
+out with the reason, and a service that refuses for the role answers 403 with it.
+"""
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
@@ -9,8 +13,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
+from console import roles
 from console.models import Job
-from machines import remote, services
+from machines import actions, remote, services
 from machines.choices import MachineState
 from machines.forms import ConfirmHostKeyForm, MachineForm, TrustHostKeyForm
 from machines.models import Accelerator, Machine, MachineEvent
@@ -68,13 +73,20 @@ def machine_list(request):
             "state": state,
             "query": query,
             "live_topics": "topic=machines",
+            "add": actions.ADD.offer(roles.role_of(request.user)),
         },
     )
 
 
 def machine_add(request):
-    """Step one: name, address, port, user. Step two: confirm the host key the machine offered."""
-    context = {"public_key": remote.console_public_key()}
+    """Step one: name, address, port, user. Step two: confirm the host key the machine offered.
+
+    A role that may not add machines sees the form greyed out, with the reason; its POST is refused
+    before the console reaches out to the address."""
+    add = actions.ADD.offer(roles.role_of(request.user))
+    if request.method == "POST":
+        add.check()
+    context = {"public_key": remote.console_public_key(), "add": add}
     if request.method == "POST" and request.POST.get("step") == "confirm":
         form = ConfirmHostKeyForm(request.POST)
         if form.is_valid():
@@ -112,11 +124,14 @@ def machine_add(request):
     return render(request, "machines/machine_add.html", context)
 
 
-def machine_cards(machine: Machine) -> dict:
-    """Everything a machine's page shows; the page, htmx and the websocket render from this."""
+def machine_cards(machine: Machine, *, role: roles.Role | None) -> dict:
+    """Everything a machine's page shows, for ``role``; the page, htmx and the websocket render from this."""
     jobs = list(Job.objects.filter(target_type="machine", target_id=machine.pk)[:5])
+    busy = bool(jobs) and jobs[0].is_active
     return {
         "machine": machine,
+        "role": role,
+        "actions": actions.machine_actions(machine, busy=busy, role=role),
         "accelerators": list(machine.accelerators.all()),
         "interfaces": list(machine.interfaces.all()),
         "job": jobs[0] if jobs else None,
@@ -127,7 +142,7 @@ def machine_cards(machine: Machine) -> dict:
 
 def machine_detail(request, pk: int):
     machine = get_object_or_404(Machine, pk=pk)
-    context = machine_cards(machine) | {"live_topics": f"topic=machine:{machine.pk}"}
+    context = machine_cards(machine, role=roles.role_of(request.user)) | {"live_topics": f"topic=machine:{machine.pk}"}
     return render(request, "machines/machine_detail.html", context)
 
 
@@ -160,25 +175,27 @@ def machine_delete(request, pk: int):
     machine = get_object_or_404(Machine, pk=pk)
     if request.method == "POST":
         try:
-            services.machine_delete(machine=machine)
+            services.machine_delete(machine=machine, user=request.user)
         except ValidationError as exc:
             messages.error(request, " ".join(exc.messages))
             return redirect(machine)
         messages.success(request, f"{machine.name} was deleted.")
         return redirect("machines:list")
-    return render(request, "machines/machine_delete.html", {"machine": machine})
+    delete = actions.delete_offer(machine, role=roles.role_of(request.user))
+    return render(request, "machines/machine_delete.html", {"machine": machine, "delete": delete})
 
 
 # -- live cards ---------------------------------------------------------------------------
 
 
 def may_see_machines_topic(user, arg: str) -> bool:
-    """``machines`` (the list) or ``machines:summary`` (its counts), for anyone signed in."""
-    return bool(user and user.is_authenticated) and arg in ("", "summary")
+    """``machines`` (the list) or ``machines:summary`` (its counts)."""
+    return arg in ("", "summary")
 
 
-def render_machines_topic(arg: str, part: str) -> list[str]:
-    """The list's live parts: the summary, then the rows (the first page, or the one that changed).
+def render_machines_topic(arg: str, part: str, role: roles.Role) -> list[str]:
+    """The list's live parts: the summary, then the rows (the first page, or the one that changed);
+    they hold no buttons, so they read the same for every role.
 
     A row whose machine is new is added at the end of the table; one that was deleted is removed.
     ``machines:summary`` is the summary alone, for pages without the table.
@@ -201,14 +218,14 @@ def render_machines_topic(arg: str, part: str) -> list[str]:
     ]
 
 
-def render_machine_topic(arg: str, part: str) -> list[str]:
+def render_machine_topic(arg: str, part: str, role: roles.Role) -> list[str]:
     machine = Machine.objects.filter(pk=int(arg)).first()
     if machine is None:
         return []
     if part == "job":
         job = Job.objects.filter(target_type="machine", target_id=machine.pk).first()
         return [render_to_string("machines/machine_detail.html#job", {"machine": machine, "job": job, "oob": True})]
-    return [render_to_string("machines/machine_detail.html#live", machine_cards(machine) | {"oob": True})]
+    return [render_to_string("machines/machine_detail.html#live", machine_cards(machine, role=role) | {"oob": True})]
 
 
 def machine_detail_url(machine: Machine) -> str:

@@ -44,7 +44,8 @@ def module_db(django_db_setup, django_db_blocker):
 
 @pytest.fixture
 def admin_user(db):
-    """A superuser: the administrator who drives the console."""
+    """The administrator who drives the console: an Administrator through the role's group, as the
+    Users page makes one (not a superuser)."""
     from tests.factories import UserFactory
 
     return UserFactory(username="admin")

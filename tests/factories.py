@@ -6,6 +6,7 @@ import factory
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from console import roles
 from console.choices import JobState, StepState
 from console.models import Job
 from machines.agent import agent_version
@@ -19,16 +20,26 @@ def fingerprint_for(seed: str) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
+NO_ROLE = "no role"  # UserFactory(role=NO_ROLE): an account made in the admin and given no group
+
+
 class UserFactory(factory.django.DjangoModelFactory):
+    """A user with a role (an Administrator unless told: ``UserFactory(role=roles.VIEWER)``), given
+    through its group as the Users page gives it."""
+
     class Meta:
         model = get_user_model()
         django_get_or_create = ["username"]
+        skip_postgeneration_save = True
 
     username = factory.Sequence(lambda n: f"admin{n}")
     email = factory.LazyAttribute(lambda u: f"{u.username}@example.com")
-    is_staff = True
-    is_superuser = True
     password = factory.django.Password("correct horse battery staple")
+
+    @factory.post_generation
+    def role(user, create, role, **kwargs):
+        if create and role != NO_ROLE:
+            roles.role_set(user, role or roles.ADMINISTRATOR)
 
 
 class MachineFactory(factory.django.DjangoModelFactory):

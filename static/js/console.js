@@ -3,7 +3,10 @@
  *
  * 1. The live dot: the page header says whether the websocket that feeds the
  *    live cards is open. htmx-ext-ws fires htmx:wsOpen / htmx:wsClose on the
- *    element holding ws-connect; the events bubble to document.
+ *    element holding ws-connect; the events bubble to document. The console
+ *    closes a socket with a code of its own when the session ended (the page
+ *    stops) or the user's role changed (the page connects again at once: the
+ *    extension itself reconnects only after a network error).
  * 2. Copy buttons: <button data-copy="#key"> copies the text of #key;
  *    data-copy="some text" copies that text; an empty data-copy copies the
  *    .copy__text (or pre, code) of the enclosing .copy block.
@@ -15,7 +18,10 @@
 
   // 1. Live dot -------------------------------------------------------------
 
-  var SESSION_ENDED = 4401; // the console closes a socket whose session ended (console/live_sessions.py)
+  // Close codes of console/live_sessions.py and console/consumers.py.
+  var SESSION_ENDED = 4401; // logged out, new password or account closed
+  var NOT_ALLOWED = 4403; // no role, or a topic this user may not watch
+  var RECONNECT = 4000; // the user's role changed: the cards come again, rendered for the new one
 
   function setLive(on, label, title) {
     document.querySelectorAll("[data-live-dot]").forEach(function (dot) {
@@ -32,6 +38,10 @@
     var code = event.detail && event.detail.event && event.detail.event.code;
     if (code === SESSION_ENDED) {
       setLive(false, "Signed out", "Your session ended (logged out, new password or account closed): the page no longer updates. Reload to sign in again.");
+    } else if (code === NOT_ALLOWED) {
+      setLive(false, "Not allowed", "The console refused this page's live updates (your account may have no role now). Reload to see why.");
+    } else if (code === RECONNECT && event.detail.socketWrapper) {
+      event.detail.socketWrapper.reconnect(); // fires htmx:wsConnecting, then htmx:wsOpen
     } else {
       setLive(false, "Reconnecting…");
     }

@@ -3,6 +3,7 @@ import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from console import roles
 from console.choices import AuditOutcome
 from console.models import AuditEntry
 from tests.factories import UserFactory
@@ -35,12 +36,12 @@ def test_it_is_read_only(api_client):
 
 def test_other_users_are_refused_with_a_message():
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=UserFactory(username='ada', is_superuser=False)).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=UserFactory(username='ada', role=roles.OPERATOR)).key}")
 
     response = client.get("/api/audit/")
 
     assert response.status_code == 403
-    assert response.json()["message"] == "Only Administrators may read the audit trail."
+    assert response.json()["message"] == "Your role is Operator: reading the audit trail needs an Administrator."
 
 
 def test_anonymous_clients_are_refused(anonymous_api_client):

@@ -38,8 +38,8 @@ def console(console_processes_of_module, transactional_db):
 
 
 @pytest.fixture
-def page(console):
-    """A Chromium page signed in as the administrator."""
+def chromium(console_processes_of_module):
+    """A headless Chromium, closed after the test."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
@@ -48,12 +48,28 @@ def page(console):
             args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"],
         )
-        page = browser.new_page(viewport={"width": 1440, "height": 900}, base_url=console)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def sign_in(console, chromium):
+    """A new Chromium page (a browser context of its own) signed in as ``username`` with PASSWORD."""
+
+    def signed_in(username: str):
+        page = chromium.new_page(viewport={"width": 1440, "height": 900}, base_url=console)
         page.set_default_timeout(15000)
         page.goto("/login/")
-        page.fill("input[name=username]", "admin")
+        page.fill("input[name=username]", username)
         page.fill("input[name=password]", PASSWORD)
         page.click("button[type=submit]")
         page.wait_for_url(console + "/")
-        yield page
-        browser.close()
+        return page
+
+    return signed_in
+
+
+@pytest.fixture
+def page(sign_in):
+    """A Chromium page signed in as the administrator."""
+    return sign_in("admin")

@@ -10,7 +10,7 @@ from urllib.parse import parse_qs
 import pytest
 from django.db import transaction
 
-from console import dashboard, live, pubsub
+from console import dashboard, live, pubsub, roles
 from machines import services
 from machines.choices import EventKind, MachineState
 from tests.factories import JobFactory, MachineFactory
@@ -81,7 +81,7 @@ def test_the_dashboards_topics_render_on_connect_only_fragments_whose_targets_ar
     response = admin_client.get("/")
     page_ids = Elements(response.content.decode()).ids
 
-    messages = [html for topic in dashboard_topics(response) for html in live.render_topic(topic)]
+    messages = [html for topic in dashboard_topics(response) for html in live.render_topic(topic, "", roles.ADMINISTRATOR)]
 
     assert messages
     assert_every_target_on_the_page(messages, page_ids)
@@ -94,7 +94,7 @@ def test_what_the_dashboards_topics_are_pushed_when_machines_change_has_a_target
 ):
     response = admin_client.get("/")
     page_ids = Elements(response.content.decode()).ids
-    groups = {live.group_name(topic) for topic in dashboard_topics(response)}
+    groups = {live.group_name(topic, roles.ADMINISTRATOR) for topic in dashboard_topics(response)}
     sent = []
     monkeypatch.setattr(pubsub, "watched", lambda group: True)  # as if a page had every topic open
     monkeypatch.setattr(pubsub, "send", lambda group, message: sent.append((group, message["html"])))

@@ -1,18 +1,23 @@
-"""A live socket ends with its session: logout, a new password, a deactivated account close it."""
+"""A live socket ends with its session: logout, a new password, a deactivated account close it. A new
+role closes it too, with the code that asks the page to reconnect, and the new socket follows the new role."""
 import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.test import Client
 
+from console import users
+from console.roles import OPERATOR, VIEWER
 from machines import services
 from machines.choices import MachineState
 from tests.factories import MachineFactory, UserFactory
+from tests.live.test_roles_live import refresh_button
 from tests.live.test_websocket import WAIT, in_a_transaction, socket
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("isolated_channel_layer")]
 
 CLOSED = {"type": "websocket.close", "code": 4401}
+RECONNECT = {"type": "websocket.close", "code": 4000}  # static/js/console.js connects again at once
 
 
 def signed_in(user) -> tuple[Client, str]:
@@ -110,6 +115,48 @@ def test_saving_a_user_without_changing_the_password_or_deactivating_leaves_the_
         await watching.connect()
         await watching.receive_from(timeout=WAIT)
         await database_sync_to_async(rename)()
+        await in_a_transaction(lambda: services.machine_transition(machine=machine, to=MachineState.OFFLINE))
+        pushed = await watching.receive_from(timeout=WAIT)
+        await watching.disconnect()
+        return pushed
+
+    assert ">Offline</span>" in async_to_sync(scenario)()
+
+
+def test_a_new_role_closes_the_user_s_sockets_to_reconnect_and_the_new_socket_gets_the_new_role_s_cards():
+    machine, administrator = MachineFactory(state=MachineState.HEALTHY), UserFactory(username="ada")
+    bob = UserFactory(username="bob", role=VIEWER)
+    _, cookie = signed_in(bob)
+    _, administrators_cookie = signed_in(administrator)
+
+    ended, quiet_after, others_got = watch_while(
+        lambda: users.user_role_change(user=bob, role=OPERATOR, by=administrator), cookie=cookie, machine=machine,
+        other_cookie=administrators_cookie)
+
+    async def reconnect():
+        again = socket(f"topic=machine:{machine.pk}", cookie=cookie)
+        connected, _ = await again.connect()
+        card = await again.receive_from(timeout=WAIT)
+        await again.disconnect()
+        return connected, card
+
+    connected, card = async_to_sync(reconnect)()
+    assert ended == RECONNECT
+    assert quiet_after  # no card for the old role after the close
+    assert ">Offline</span>" in others_got  # another user's socket goes on
+    assert connected and "disabled" not in refresh_button(card)  # the session holds, and the cards are an Operator's
+
+
+def test_saving_a_user_s_role_unchanged_leaves_the_sockets_open():
+    machine, administrator = MachineFactory(state=MachineState.HEALTHY), UserFactory(username="ada")
+    bob = UserFactory(username="bob", role=VIEWER)
+    _, cookie = signed_in(bob)
+
+    async def scenario():
+        watching = socket(f"topic=machine:{machine.pk}", cookie=cookie)
+        await watching.connect()
+        await watching.receive_from(timeout=WAIT)
+        await database_sync_to_async(users.user_role_change)(user=bob, role=VIEWER, by=administrator)
         await in_a_transaction(lambda: services.machine_transition(machine=machine, to=MachineState.OFFLINE))
         pushed = await watching.receive_from(timeout=WAIT)
         await watching.disconnect()

@@ -200,7 +200,7 @@ def test_nothing_is_rendered_while_nobody_watches_and_a_watcher_that_connects_ge
     machine, cookie = MachineFactory(state=MachineState.HEALTHY), session_cookie()
     renderer, may_see = live._renderers["machine"]
     renders = []
-    monkeypatch.setitem(live._renderers, "machine", (lambda arg, part: renders.append(part) or renderer(arg, part), may_see))
+    monkeypatch.setitem(live._renderers, "machine", (lambda arg, part, role: renders.append(part) or renderer(arg, part, role), may_see))
 
     def goes(state, reason=""):
         return in_a_transaction(lambda: services.machine_transition(machine=machine, to=state, reason=reason))

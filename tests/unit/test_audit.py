@@ -1,18 +1,21 @@
 """The audit trail: every request that may change something, done or refused, with who, what, where from
 and the words the person read; tokens, roles and accounts changed; kept by age."""
+from contextlib import suppress
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group
+from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
+from console import roles, users
 from console.choices import AuditOutcome
 from console.models import AuditEntry
 from console.pruning import old_records_prune
 from tests.builders import cluster_of, gpu_machine
-from tests.factories import MachineFactory, UserFactory
+from tests.factories import NO_ROLE, MachineFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -108,28 +111,77 @@ def test_api_tokens_made_and_revoked_are_recorded_with_who_did_it(admin_client, 
     assert Token.objects.count() == 0
 
 
-def test_roles_given_and_taken_are_recorded_from_either_side():
-    ada = UserFactory(username="ada", is_superuser=False)
-    operator, viewer = Group.objects.create(name="Operator"), Group.objects.create(name="Viewer")
+def roles_said() -> list[tuple[str, str]]:
+    return list(AuditEntry.objects.filter(action="user.role").order_by("id").values_list("target", "message"))
 
-    ada.groups.add(operator, viewer)
-    viewer.user_set.remove(ada)
-    ada.groups.clear()
+
+def test_a_role_changed_on_the_users_page_is_recorded_once_as_the_role_it_was_and_the_one_it_is(django_capture_on_commit_callbacks):
+    ada, bob = UserFactory(username="ada"), UserFactory(username="bob", role=roles.VIEWER)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        users.user_role_change(user=bob, role=roles.OPERATOR, by=ada)  # two group changes and a save
+
+    assert roles_said() == [("user bob", "Role: Viewer -> Operator.")]
+    assert not AuditEntry.objects.filter(action__in=["user.groups", "user.changed"]).exists()
+
+
+def test_roles_given_and_taken_are_recorded_from_either_side(django_capture_on_commit_callbacks):
+    ada = UserFactory(username="ada", role=NO_ROLE)
+    operator, viewer = Group.objects.get(name="Operator"), Group.objects.get(name="Viewer")
+
+    for change in (lambda: ada.groups.add(operator, viewer), lambda: operator.user_set.remove(ada), ada.groups.clear):
+        with django_capture_on_commit_callbacks(execute=True):
+            change()
+
+    assert roles_said() == [("user ada", "Role: no role -> Operator."), ("user ada", "Role: Operator -> Viewer."),
+                            ("user ada", "Role: Viewer -> no role.")]
+    assert not AuditEntry.objects.filter(action="user.groups").exists()
+
+
+def test_a_role_change_rolled_back_is_not_recorded(django_capture_on_commit_callbacks):
+    bob = UserFactory(username="bob", role=roles.VIEWER)
+
+    with django_capture_on_commit_callbacks(execute=True), suppress(RuntimeError), transaction.atomic():
+        roles.role_set(bob, roles.ADMINISTRATOR)
+        raise RuntimeError("rolled back")
+
+    assert roles_said() == []
+
+
+def test_groups_other_than_the_roles_are_recorded_as_groups_from_either_side():
+    ada = UserFactory(username="ada")
+    night = Group.objects.create(name="Night shift")
+
+    ada.groups.add(night)
+    night.user_set.remove(ada)
 
     said = list(AuditEntry.objects.filter(action="user.groups").order_by("id").values_list("target", "message"))
-    assert said == [("user ada", "Added to Operator, Viewer."), ("user ada", "Removed from Viewer."), ("user ada", "Removed from Operator.")]
+    assert said == [("user ada", "Added to Night shift."), ("user ada", "Removed from Night shift.")]
 
 
-def test_an_account_s_flags_and_password_changed_are_recorded():
-    ada = UserFactory(username="ada")
+def test_an_account_s_flags_and_password_changed_are_recorded(django_capture_on_commit_callbacks):
+    ada = UserFactory(username="ada", is_superuser=True)
+    AuditEntry.objects.all().delete()
     ada.is_superuser = False
     ada.set_password("a-new-and-long-password")
-    ada.save()
+    with django_capture_on_commit_callbacks(execute=True):
+        ada.save()
     ada.is_active = False
     ada.save(update_fields=["is_active"])
 
     said = list(AuditEntry.objects.filter(action="user.changed").order_by("id").values_list("message", flat=True))
     assert said == ["Password changed. No longer a superuser.", "Deactivated."]
+    assert roles_said() == []  # still an Administrator, through the group
+
+
+def test_a_superuser_given_another_role_is_recorded_as_no_longer_a_superuser_and_its_new_role(django_capture_on_commit_callbacks):
+    root = UserFactory(username="root", is_superuser=True)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        roles.role_set(root, roles.VIEWER)
+
+    assert roles_said() == [("user root", "Role: Administrator -> Viewer.")]
+    assert list(AuditEntry.objects.filter(action="user.changed").values_list("message", flat=True)) == ["No longer a superuser."]
 
 
 def test_entries_older_than_the_setting_says_are_pruned_and_newer_ones_kept(settings):
@@ -160,15 +212,13 @@ def test_administrators_read_the_trail_newest_first_and_filter_it(admin_client):
 
 
 def test_other_users_may_not_read_it_nor_see_its_link(client):
-    client.force_login(UserFactory(username="ada", is_superuser=False, is_staff=False))
+    client.force_login(UserFactory(username="ada", role=roles.OPERATOR))
 
     assert client.get("/audit/").status_code == 403
     assert 'href="/audit/"' not in client.get("/machines/").content.decode()
 
 
-def test_a_member_of_the_administrator_group_may_read_it(client):
-    ada = UserFactory(username="ada", is_superuser=False, is_staff=False)
-    ada.groups.add(Group.objects.create(name="Administrator"))
-    client.force_login(ada)
+def test_an_administrator_who_is_not_a_superuser_may_read_it(client):
+    client.force_login(UserFactory(username="ada", role=roles.ADMINISTRATOR))
 
     assert client.get("/audit/").status_code == 200

@@ -11,7 +11,7 @@ from clusters import actions, health, services, steps, tasks
 from tests.fakes import FakeAgents
 from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck
-from console import live
+from console import live, roles
 from console.choices import JobState
 from console.models import Job
 from deployments.models import Deployment
@@ -148,7 +148,7 @@ def test_machines_that_did_not_confirm_a_stop_leave_the_cluster_waiting_for_a_pe
     assert cluster.state == ClusterState.UNCONFIRMED
     assert cluster.state_reason == message
     assert message.startswith("The machines did not confirm the cluster stopped. gpu-b did not answer (timed out).")
-    offers = actions.cluster_actions(cluster, None)
+    offers = actions.cluster_actions(cluster, None, role=roles.OPERATOR)
     assert offers["stop"].ok and offers["delete"].ok
     assert not offers["start"].ok and not offers["retry"].ok
     assert actions.page_flags(cluster) == {"show_start": False, "show_retry": False, "show_check": False, "stop_again": True}

@@ -9,6 +9,7 @@ from django.utils import timezone
 from clusters import actions, pages, services
 from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, Role
 from clusters.models import Cluster, HealthCheck, NetworkMeasurement, RuntimeImage
+from console import roles
 from console.models import Job
 from deployments.models import Deployment
 from tests.builders import cluster_of, gpu_machine
@@ -311,7 +312,7 @@ def test_the_diagram_shows_the_measured_mbit_s_from_the_head_and_not_measured_ot
 
 def test_the_diagram_stays_within_reach_for_twenty_machines(build):
     cluster = make_cluster(build, hosts=range(20, 40))
-    cards = pages.cluster_cards(cluster)
+    cards = pages.cluster_cards(cluster, role=roles.OPERATOR)
     diagram = pages.wiring_card(cluster, cards)["diagram"]
     assert len(diagram["nodes"]) == 19 and diagram["compact"]
     assert diagram["height"] < 1200
@@ -375,7 +376,7 @@ def test_changing_to_the_network_it_already_runs_on_shows_the_services_refusal(a
 
 
 def test_render_cluster_topic_tells_the_page_a_deleted_cluster_was_deleted():
-    (html,) = pages.render_cluster_topic("424242", "")
+    (html,) = pages.render_cluster_topic("424242", "", roles.OPERATOR)
     assert 'id="cluster-header"' in html and 'hx-swap-oob="true"' in html
     assert "This cluster was deleted" in html and 'href="/clusters/"' in html
 
@@ -388,7 +389,7 @@ def test_render_cluster_topic_tells_the_page_a_deleted_cluster_was_deleted():
 ])
 def test_each_part_of_the_cluster_topic_sends_its_cards_out_of_band(build, part, ids):
     cluster = make_cluster(build)
-    (html,) = pages.render_cluster_topic(str(cluster.pk), part)
+    (html,) = pages.render_cluster_topic(str(cluster.pk), part, roles.OPERATOR)
     for card in ids:
         assert re.search(rf'id="{card}"[^>]*hx-swap-oob="true"', html), card
 
@@ -399,7 +400,7 @@ def test_the_list_push_carries_every_row_so_a_deleted_cluster_leaves_the_list(bu
     gone_pk = gone.pk
     gone.members.all().delete()
     gone.delete()
-    (html,) = pages.render_clusters_topic("", str(gone_pk))
+    (html,) = pages.render_clusters_topic("", str(gone_pk), roles.VIEWER)
     assert html.lstrip().startswith('<tbody id="cluster-rows" hx-swap-oob="true">')
     assert f'id="cluster-row-{kept.pk}"' in html
     assert f'id="cluster-row-{gone_pk}"' not in html

@@ -7,7 +7,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError
 
+from console import roles
 from console.management.commands import serve
+from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -73,8 +75,26 @@ def test_without_a_terminal_a_generated_password_is_shown_nowhere_and_the_way_to
     assert "the password " not in said
 
 
-def test_an_existing_superuser_is_left_alone(monkeypatch, admin_user, terminal):
-    monkeypatch.setenv("FADEN_ADMIN_PASSWORD", "a")
+@pytest.mark.parametrize("administrator", [
+    lambda: get_user_model().objects.create_superuser("root", "", "violet-harbour-engine-42"),
+    lambda: UserFactory(username="ada", role=roles.ADMINISTRATOR),  # given the role on the Users page
+], ids=["superuser", "administrator"])
+def test_once_an_administrator_exists_nothing_is_made_and_an_unused_password_is_not_checked(monkeypatch, terminal, administrator):
+    administrator()
+    monkeypatch.setenv("FADEN_ADMIN_PASSWORD", "a")  # too weak, but nothing would use it
 
     assert ensure_admin() == ""
+    assert terminal == []
+    assert not get_user_model().objects.filter(username="admin").exists()
+
+
+def test_when_the_admin_was_given_another_role_and_no_administrator_is_left_it_says_how_to_make_one(monkeypatch, terminal):
+    UserFactory(username="admin", role=roles.OPERATOR)
+    UserFactory(username="ada", role=roles.ADMINISTRATOR, is_active=False)
+    monkeypatch.delenv("FADEN_ADMIN_PASSWORD", raising=False)
+
+    said = ensure_admin()
+
+    assert "faden createsuperuser" in said
+    assert roles.role_of(get_user_model().objects.get(username="admin")) == roles.OPERATOR
     assert terminal == []

@@ -2,7 +2,7 @@
 import pytest
 from django.db import transaction
 
-from console import live
+from console import live, roles
 
 
 def test_parse_topic_knows_the_registered_topics_and_nothing_else():
@@ -14,7 +14,7 @@ def test_parse_topic_knows_the_registered_topics_and_nothing_else():
 
 
 def test_group_names_hold_only_what_channels_accepts():
-    assert live.group_name("machine:12") == "live.machine.12"
+    assert live.group_name("machine:12", roles.VIEWER) == "live.machine.12.viewer"
 
 
 @pytest.mark.django_db
@@ -46,7 +46,7 @@ def renders(monkeypatch):
     """A topic kind ``probe-card`` whose renders are counted: what a push would render."""
     calls = []
 
-    def render(arg, part):
+    def render(arg, part, role):
         calls.append((arg, part))
         return [f'<div id="card-{arg}" hx-swap-oob="true">{len(calls)}</div>']
 
@@ -66,7 +66,7 @@ def subscriber(isolated_channel_layer):
     subscriptions = client.pubsub(ignore_subscribe_messages=True)
 
     def subscribe(topic: str):
-        _, channel = pubsub._redis().channel(live.group_name(topic))
+        _, channel = pubsub._redis().channel(live.group_name(topic, roles.VIEWER))
         subscriptions.subscribe(channel)
         subscriptions.get_message(timeout=1)  # the confirmation: Redis counts it from now on
         return subscriptions
@@ -101,7 +101,7 @@ def test_a_push_renders_and_publishes_once_somebody_watches_the_topic(renders, s
     assert message is not None
     assert pubsub._redis().layer.deserialize(message["data"]) == {
         "type": "live.html", "html": '<div id="card-1" hx-swap-oob="true">1</div>'}
-    assert message["channel"].decode() == settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] + "__group__live.probe-card.1"
+    assert message["channel"].decode() == settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] + "__group__live.probe-card.1.viewer"
 
 
 @pytest.mark.django_db
@@ -113,7 +113,7 @@ def test_pushes_from_a_process_reuse_one_redis_connection(renders, subscriber, d
         for n in range(20):
             live.push("probe-card:1", part=str(n))
 
-    client, _ = pubsub._redis().channel(live.group_name("probe-card:1"))
+    client, _ = pubsub._redis().channel(live.group_name("probe-card:1", roles.VIEWER))
     pool = client.connection_pool
     assert len(renders) == 20
     assert len(pool._available_connections) + len(pool._in_use_connections) == 1
@@ -132,12 +132,12 @@ def test_the_group_channel_is_named_and_placed_as_channels_redis_does(settings):
     try:
         async def layers_own():
             loop_layer = get_channel_layer()._get_layer()
-            names = [loop_layer._get_group_channel_name(live.group_name(f"machine:{n}")) for n in range(30)]
+            names = [loop_layer._get_group_channel_name(live.group_name(f"machine:{n}", roles.VIEWER)) for n in range(30)]
             return [(name, loop_layer._shards.index(loop_layer._get_shard(name))) for name in names]
 
         ours = []
         for n in range(30):
-            client, name = pubsub._redis().channel(live.group_name(f"machine:{n}"))
+            client, name = pubsub._redis().channel(live.group_name(f"machine:{n}", roles.VIEWER))
             ours.append((name, pubsub._redis().shards.index(client)))
 
         assert ours == async_to_sync(layers_own)()

@@ -105,10 +105,15 @@ def test_refused_tries_are_audited_as_such():
     assert last.message == "Too many failed sign-ins, refused for a while."
 
 
-def test_the_admin_s_sign_in_is_throttled_alike():
+def test_the_admin_signs_in_through_the_console_s_sign_in_which_is_throttled():
     UserFactory(username="ada")
-    for _ in range(5):
-        sign_in("ada", "guess", path="/admin/login/")
 
-    assert sign_in("ada", PASSWORD, path="/admin/login/").status_code == 429
-    assert sign_in("ada", PASSWORD).status_code == 429
+    sent = Client().get("/admin/login/?next=/admin/auth/user/")
+    posted = sign_in("ada", PASSWORD, path="/admin/login/")  # its form's old address checks no password
+
+    assert (sent.status_code, sent["Location"]) == (302, "/login/?next=/admin/auth/user/")
+    assert (posted.status_code, posted["Location"]) == (302, "/login/?next=/admin/")
+    assert not signed_in(posted)
+    for _ in range(5):
+        sign_in("ada", "guess", path="/login/?next=/admin/")
+    assert sign_in("ada", PASSWORD, path="/login/?next=/admin/").status_code == 429

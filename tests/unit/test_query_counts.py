@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, NetworkMeasurement, RuntimeImage
-from console import live
+from console import live, roles
 from console.choices import JobState
 from console.models import Job
 from machines.choices import EventKind, InterfaceKind, MachineState
@@ -120,7 +120,7 @@ def queries_of(client, how: dict) -> list[str]:
 
     with connection.execute_wrapper(record):
         if "topic" in how:
-            assert live.render_topic(how["topic"], how.get("part", ""))
+            assert live.render_topic(how["topic"], how.get("part", ""), roles.ADMINISTRATOR)
         else:
             response = client.get(how["url"], **how.get("headers", {}))
             assert response.status_code == 200, response.content[:300]

@@ -16,9 +16,11 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from console import roles
 
 # The project's wiring (config/) is named, not imported: console is the layer everything else builds on.
 CELERY_APP = "config"  # config/__init__.py holds the Celery app
+MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"  # the one that holds permissions (axes' holds none)
 
 
 def asgi_application() -> str:
@@ -110,9 +112,17 @@ class Command(BaseCommand):
 
     def _ensure_admin(self) -> None:
         """The first run's user admin, with FADEN_ADMIN_PASSWORD once the password validators accept it, or a
-        generated password shown once on the terminal and nowhere else (stdout and stderr may be a log file)."""
+        generated password shown once on the terminal and nowhere else (stdout and stderr may be a log file).
+
+        Once an active Administrator exists (a superuser, or one given the role on the Users page), nothing
+        is made and FADEN_ADMIN_PASSWORD, which nothing would use, is not looked at."""
         User = get_user_model()
-        if User.objects.filter(is_superuser=True).exists():
+        if User.objects.with_perm(roles.ADMINISTRATOR.permission, backend=MODEL_BACKEND).exists():
+            return
+        if User.objects.filter(username="admin").exists():  # given another role, and no Administrator is left
+            self.stdout.write(self.style.WARNING(
+                "No active Administrator is left, and the user admin has another role. Make one with: "
+                "faden createsuperuser"))
             return
         given = os.environ.get("FADEN_ADMIN_PASSWORD")
         if given:
