@@ -18,3 +18,9 @@ urlpatterns = [
     path("api/", include("config.api_urls")),
     path("admin/", admin.site.urls),
 ]
+
+# Errors: JSON with a message under /api/, a page in the console's shell elsewhere (console/errors.py).
+handler400 = "console.errors.bad_request"
+handler403 = "console.errors.permission_denied"
+handler404 = "console.errors.not_found"
+handler500 = "console.errors.server_error"

@@ -6,9 +6,13 @@ class ConsoleConfig(AppConfig):
     verbose_name = "Console"
 
     def ready(self) -> None:
-        from console import dashboard, views
+        from django.urls import register_converter
+
+        from console import dashboard, params, views
         from console.jobs import jobs_prune
         from console.pruning import register_pruner
 
         dashboard.register(dashboard.Panel(name="recent-jobs", template="console/_recent_jobs.html", context=views.recent_jobs, order=30))
         register_pruner("jobs", jobs_prune, keep_days_setting="FADEN_KEEP_JOBS_DAYS")
+        # <id:pk> in every app's URLs: an id within the database's range (console/params.py).
+        register_converter(params.IdConverter, "id")

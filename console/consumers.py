@@ -15,12 +15,12 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if not (user and user.is_authenticated):
             await self.close(code=4401)
             return
-        query = parse_qs(self.scope.get("query_string", b"").decode())
-        self.topics = [t for t in query.get("topic", [])[:MAX_TOPICS] if live.parse_topic(t)]
-        allowed = await database_sync_to_async(lambda: all(live.may_see(user, t) for t in self.topics))()
-        if not self.topics or not allowed:
+        topics = self._topics_asked()
+        allowed = topics and await database_sync_to_async(lambda: all(live.may_see(user, t) for t in topics))()
+        if not allowed:
             await self.close(code=4403)
             return
+        self.topics = topics
         for topic in self.topics:
             await self.channel_layer.group_add(live.group_name(topic), self.channel_name)
         await self.accept()
@@ -28,6 +28,15 @@ class LiveConsumer(AsyncWebsocketConsumer):
         for topic in self.topics:
             for html in await database_sync_to_async(live.render_topic)(topic):
                 await self.send(text_data=html)
+
+    def _topics_asked(self) -> list[str]:
+        """The topics in the query string; none at all when one is unknown or malformed (``machine:abc``)
+        or more than MAX_TOPICS are asked for, so that a refused socket subscribes to nothing."""
+        query = parse_qs(self.scope.get("query_string", b"").decode(errors="replace"))
+        topics = query.get("topic", [])
+        if len(topics) > MAX_TOPICS or not all(live.parse_topic(topic) for topic in topics):
+            return []
+        return topics
 
     async def disconnect(self, code):
         for topic in getattr(self, "topics", []):

@@ -9,6 +9,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
+from console import params
 from console.models import Job
 from machines import remote, services
 from machines.choices import MachineState
@@ -56,7 +57,7 @@ def _filtered(request):
 
 def machine_list(request):
     machines, state, query = _filtered(request)
-    page = Paginator(machines, PAGE_SIZE).get_page(request.GET.get("page"))
+    page = Paginator(machines, PAGE_SIZE).get_page(params.int_param(request.GET, "page", default=1))
     return render(
         request,
         "machines/machine_list.html",

@@ -1,0 +1,50 @@
+"""The OpenAPI schema states every code an operation answers, errors included.
+
+drf-spectacular documents the success codes each view declares; the refusals are the same for
+every view and come from ``console.api`` (its exception handler, parser and pagination), so they
+are added here once, by what the operation takes: every operation may answer 401 and 403, one
+with a path parameter or a page 404, one that takes a body or a query (or changes something) 400,
+one that reads a body 413. Integer path parameters carry the ids' bounds (``console.params``).
+The fuzzer (tests/api/test_fuzz.py) holds the API to this.
+"""
+from drf_spectacular.openapi import AutoSchema
+
+from console import params
+from console.api import ErrorSerializer
+
+WHY = {
+    "400": "Refused: the request or the object's state does not allow it; ``message`` says why",
+    "401": "No valid token or session",
+    "403": "Signed in, but not allowed",
+    "404": "No such object, or no such page of the list",
+    "413": "The body is larger than the console accepts",
+}
+
+
+class ConsoleAutoSchema(AutoSchema):
+    def get_operation(self, path, path_regex, path_prefix, method, registry):
+        operation = super().get_operation(path, path_regex, path_prefix, method, registry)
+        if operation is None:
+            return None
+        parameters = operation.get("parameters", [])
+        for parameter in parameters:
+            if parameter["in"] == "path" and parameter["schema"].get("type") == "integer":
+                parameter["schema"].update(minimum=1, maximum=params.ID_MAX)
+            elif parameter["in"] == "query" and parameter["name"] == "page":
+                parameter["schema"].update(minimum=1)
+        for code in self._error_codes(operation):
+            if code not in operation["responses"]:
+                operation["responses"][code] = {
+                    **self._get_response_for_code(ErrorSerializer, code), "description": WHY[code]}
+        return operation
+
+    def _error_codes(self, operation: dict) -> list[str]:
+        where = {parameter["in"] for parameter in operation.get("parameters", [])}
+        codes = ["401", "403"]
+        if "path" in where or self._is_list_view() and self._get_paginator():
+            codes.append("404")
+        if self.method != "GET" or "query" in where:
+            codes.append("400")
+        if "requestBody" in operation:
+            codes.append("413")
+        return codes
