@@ -52,10 +52,14 @@ def parse_int(raw: object, *, name: str, low: int = 1, high: int = ID_MAX) -> in
     return value
 
 
-def int_param(params, name: str, *, default: int | None = None, low: int = 1, high: int = ID_MAX) -> int | None:
-    """The number ``params[name]`` names (a query string or a form); ``default`` when it is absent or blank."""
-    raw = params.get(name, "")
-    if isinstance(raw, str) and not raw.strip():
+def int_param(query, name: str, *, default: int | None = None, low: int = 1, high: int = ID_MAX) -> int | None:
+    """The number ``query[name]`` names (a query string or a form, given once); ``default`` when it is
+    absent or blank (a form's empty field)."""
+    given = query.getlist(name)
+    if len(given) > 1:
+        raise InvalidParameter(name, f"Give one number, not {len(given)}.")
+    raw = given[0] if given else ""
+    if not raw.strip():
         return default
     return parse_int(raw, name=name, low=low, high=high)
 
