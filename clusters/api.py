@@ -398,8 +398,9 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         if request.method == "POST":
             return self._network_test_start(request)
         ids = params.id_list(request.query_params.getlist("machines"), name="machines")
+        head = params.int_param(request.query_params, "head")
         picked, _ = services.cluster_plan_check(machine_ids=ids, head_id=None)
-        head = params.int_param(request.query_params, "head") or planning.suggest_head(picked)
+        head = head or planning.suggest_head(picked)
         view = network_view({"picked": ids, "head": head, "network": "", "probe": None}, picked=picked)
         if view["no_network"]:
             raise DjangoValidationError({"machines": planning.NO_SHARED_NETWORK})

@@ -26,7 +26,7 @@ def read_bounded(stream, *, limit: int) -> bytes:
     """At most ``limit`` bytes of ``stream``; BodyRefused (413) when it holds more."""
     raw = stream.read(limit + 1)
     if len(raw) > limit:
-        raise _too_large(limit)
+        raise too_large(limit)
     return raw
 
 
@@ -61,7 +61,8 @@ def depth_exceeds(document: object, limit: int) -> bool:
     return False
 
 
-def _too_large(limit: int) -> BodyRefused:
+def too_large(limit: int) -> BodyRefused:
+    """A body past ``limit`` bytes (the API's parser, the heartbeat, and Django's own limit on forms)."""
     return BodyRefused(f"The request body is larger than the {limit:,} bytes the console accepts.", status=413)
 
 

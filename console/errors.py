@@ -6,11 +6,13 @@ DATA_UPLOAD_MAX_MEMORY_SIZE is a 413. Errors inside an API view are answered by 
 ``console.api.exception_handler``; these handlers answer the rest: a URL that matches nothing, a
 body Django refuses before any view, a crash.
 """
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
 
+from console import bodies
 from console.params import InvalidParameter
 
 API_PREFIX = "/api/"
@@ -25,7 +27,7 @@ def _answer(request: HttpRequest, status: int, message: str) -> HttpResponse:
 
 def bad_request(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     if isinstance(exception, RequestDataTooBig):
-        return _answer(request, 413, "The request body is larger than the console accepts.")
+        return _answer(request, 413, bodies.too_large(settings.DATA_UPLOAD_MAX_MEMORY_SIZE).message)
     if isinstance(exception, TooManyFieldsSent):
         return _answer(request, 400, "The request has more fields than the console accepts.")
     if isinstance(exception, InvalidParameter):
@@ -41,7 +43,7 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     # A URL that matches no pattern raises Http404 with a dict of what was tried: not for a reader.
     said = exception.args[0] if exception and exception.args and isinstance(exception.args[0], str) else ""
-    where = "an API endpoint" if request.path.startswith(API_PREFIX) else "a page"
+    where = "API endpoint" if request.path.startswith(API_PREFIX) else "page"
     return _answer(request, 404, said or f"There is no such {where}: {request.path}")
 
 

@@ -4,7 +4,8 @@ drf-spectacular documents the success codes each view declares; the refusals are
 every view and come from ``console.api`` (its exception handler, parser and pagination), so they
 are added here once, by what the operation takes: every operation may answer 401 and 403, one
 with a path parameter or a page 404, one that takes a body or a query (or changes something) 400,
-one that reads a body 413. Integer path parameters carry the ids' bounds (``console.params``).
+one that reads a body 413. Integer parameters (ids, page numbers) carry the bounds
+``console.params`` reads them within.
 The fuzzer (tests/api/test_fuzz.py) holds the API to this.
 """
 from drf_spectacular.openapi import AutoSchema
@@ -28,10 +29,8 @@ class ConsoleAutoSchema(AutoSchema):
             return None
         parameters = operation.get("parameters", [])
         for parameter in parameters:
-            if parameter["in"] == "path" and parameter["schema"].get("type") == "integer":
+            if parameter["schema"].get("type") == "integer":  # ids and page numbers, in a path or a query
                 parameter["schema"].update(minimum=1, maximum=params.ID_MAX)
-            elif parameter["in"] == "query" and parameter["name"] == "page":
-                parameter["schema"].update(minimum=1)
         for code in self._error_codes(operation):
             if code not in operation["responses"]:
                 operation["responses"][code] = {
