@@ -93,6 +93,16 @@ def test_adding_a_machine_whose_id_is_too_large_is_a_400_page_and_adds_nobody(ad
     assert counts() == before
 
 
+@pytest.mark.parametrize("port", ["٢٢", "²", LONG_NUMBER, "70000", "22.5"])
+def test_add_a_machine_refuses_a_port_that_is_not_a_number_from_1_to_65535_before_any_ssh(admin_client, no_ssh, port):
+    form = {"name": "gpu-01", "address": "198.18.0.11", "ssh_port": port, "ssh_user": "root"}
+    response = admin_client.post("/machines/add/", form)
+
+    assert response.status_code == 200
+    assert "Give a whole number from 1 to 65,535 in the digits 0-9" in response.content.decode()
+    assert not Machine.objects.exists()
+
+
 def test_a_network_test_of_machines_that_do_not_exist_names_them_and_starts_nothing(admin_client, machines):
     before = counts()
     form = {"name": "gpu-room", "machines": f"{machines[0].pk},987654", "head": str(machines[0].pk)}
