@@ -20,9 +20,10 @@ run: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/lint-imports
 
-## The whole suite: unit, API, live updates, the lab (as root) and the browser tests.
+## The whole suite: unit, API, live updates, the lab (as root) and the browser tests. The lab is one per
+## host, so its tests run in one worker (in order) and everything else in a second one beside it.
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder
 
 ## Everything but the lab and the browser.
 test-fast: lint

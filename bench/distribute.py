@@ -123,11 +123,12 @@ def main() -> None:
 
         # The naive way: every machine from the server.
         clear_stores()
-        token = images.image_download_token(digest=image.digest, cluster_id=cluster.pk)
         spec = FileSpec(digest=image.digest, size=image.size_bytes, chunk_size=image.chunk_size, chunk_hashes=image.chunk_hashes)
         source_url = f"http://198.18.0.1:{port}/agent/images/{image.digest}/"
 
         def naive_fetch(machine) -> int:
+            grant = images.ImageGrant(digest=image.digest, cluster_id=cluster.pk, machine_id=machine.pk)
+            token = images.image_download_token(grant=grant, lifetime=3600)
             with Agent.open(machine) as agent:
                 return agent.file_fetch(spec, FileSource(url=source_url, token=token), timeout=3600)
 

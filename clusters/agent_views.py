@@ -106,11 +106,9 @@ def _open_whole(image: RuntimeImage) -> int | None:
 def runtime_image_download(request: HttpRequest, digest: str):
     """A runtime image for a machine, with ``Range`` support: ``Authorization: Bearer <image download token>``."""
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    granted = images.image_download_token_check(token.strip()) if scheme == "Bearer" else None
-    if granted is None:
-        return JsonResponse({"error": "Send a valid image token as Authorization: Bearer (tokens last a day)."}, status=401)
-    if granted[0] != digest:
-        return JsonResponse({"error": "This token is for another image."}, status=401)
+    refusal = images.image_download_refusal(token.strip() if scheme == "Bearer" else "", digest=digest)
+    if refusal:
+        return JsonResponse({"error": refusal}, status=401)
     image = RuntimeImage.objects.filter(digest=digest).first()
     fd = _open_whole(image) if image else None
     if fd is None:

@@ -14,6 +14,7 @@ import os
 import re
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from clusters import planning
+from clusters.choices import ClusterState
 from clusters.models import Cluster, ClusterMember, RuntimeImage
 from clusters.transfer import ServerFile
 from machines.agent_client import FileSpec
@@ -36,7 +38,6 @@ MANIFEST_MAX_BYTES = 64 * 1024  # a manifest is a few hundred bytes; more is not
 MANIFEST_FIELDS = ("name", "version", "arch", "accelerator_vendor", "certified")
 
 TOKEN_SALT = "runtime-image"
-TOKEN_MAX_AGE = 24 * 60 * 60  # one cluster start, however slow its network
 
 # The major a cluster asks for when nothing says otherwise: the machines' row of --check uses it too.
 DEFAULT_MAJOR = str(Cluster._meta.get_field("runtime_version").default)
@@ -309,23 +310,55 @@ def _machine_platforms(machine_ids: Iterable[int]) -> dict[int, list[tuple[str, 
 # -- the first copy: download tokens ----------------------------------------------------------
 
 
-def image_download_token(*, digest: str, cluster_id: int) -> str:
-    """A signed token that lets a machine fetch one image from the server, for one cluster's start, for a day."""
-    return signing.dumps({"digest": digest, "cluster": cluster_id}, salt=TOKEN_SALT, compress=False)
+@dataclass(frozen=True)
+class ImageGrant:
+    """What a download token allows: one image, to one machine, for one cluster's start."""
+
+    digest: str
+    cluster_id: int
+    machine_id: int
 
 
-def image_download_token_check(token: str) -> tuple[str, int] | None:
-    """``(digest, cluster_id)`` of a token this server made less than a day ago; None for any other."""
+def image_download_token(*, grant: ImageGrant, lifetime: float) -> str:
+    """A signed token that lets the machine fetch the image from the server for ``lifetime`` seconds
+    (the fetch's own time limit, so no start leaves a token behind that outlives it)."""
+    payload = {"digest": grant.digest, "cluster": grant.cluster_id, "machine": grant.machine_id,
+               "expires": int(time.time() + lifetime)}
+    return signing.dumps(payload, salt=TOKEN_SALT, compress=False)
+
+
+def image_download_token_check(token: str) -> ImageGrant | None:
+    """The grant of a token this server signed and that has not expired; None for any other."""
     try:
-        payload = signing.loads(token or "", salt=TOKEN_SALT, max_age=TOKEN_MAX_AGE)
-    except signing.BadSignature:  # expired tokens included (SignatureExpired is one)
+        payload = signing.loads(token or "", salt=TOKEN_SALT)
+    except signing.BadSignature:
         return None
     if not isinstance(payload, dict):
         return None
-    digest, cluster_id = payload.get("digest"), payload.get("cluster")
-    if not isinstance(digest, str) or not _DIGEST.match(digest) or type(cluster_id) is not int:
+    digest, cluster_id, machine_id, expires = (payload.get(k) for k in ("digest", "cluster", "machine", "expires"))
+    if not isinstance(digest, str) or not _DIGEST.match(digest) or not all(type(v) is int for v in (cluster_id, machine_id, expires)):
         return None
-    return digest, cluster_id
+    if expires <= time.time():
+        return None
+    return ImageGrant(digest=digest, cluster_id=cluster_id, machine_id=machine_id)
+
+
+def image_download_refusal(token: str, *, digest: str) -> str | None:
+    """Why the holder of ``token`` may not download ``digest`` now, in the machine's log's words; None when it may.
+
+    The token must be ours, unexpired and for this image, and its machine must still be a member of
+    its cluster, which is not being deleted: deleting the cluster (or taking the machine out) ends it.
+    """
+    grant = image_download_token_check(token)
+    if grant is None:
+        return "Send a valid image token as Authorization: Bearer (a token lasts as long as its start's download)."
+    if grant.digest != digest:
+        return "This token is for another image."
+    member_of_live_cluster = ClusterMember.objects.filter(cluster_id=grant.cluster_id, machine_id=grant.machine_id).exclude(
+        cluster__state=ClusterState.DELETING).exists()
+    if not member_of_live_cluster:
+        return "This token's cluster was deleted, or its machine is no longer in it."
+    return None
 
 
 def runtime_files(member: ClusterMember) -> list[ServerFile]:
@@ -335,7 +368,7 @@ def runtime_files(member: ClusterMember) -> list[ServerFile]:
         return []
     if "chunk_hashes" in image.get_deferred_fields():
         image = RuntimeImage.objects.get(pk=image.pk)  # the pages leave the chunk list out; a transfer needs it
-    digest, cluster_id = image.digest, member.cluster_id
-    return [ServerFile(spec=FileSpec(digest=digest, size=image.size_bytes, chunk_size=image.chunk_size, chunk_hashes=image.chunk_hashes),
-                       what="the runtime image", download_path=f"/agent/images/{digest}/",
-                       token=lambda: image_download_token(digest=digest, cluster_id=cluster_id))]
+    grant = ImageGrant(digest=image.digest, cluster_id=member.cluster_id, machine_id=member.machine_id)
+    return [ServerFile(spec=FileSpec(digest=grant.digest, size=image.size_bytes, chunk_size=image.chunk_size, chunk_hashes=image.chunk_hashes),
+                       what="the runtime image", download_path=f"/agent/images/{grant.digest}/",
+                       token=lambda lifetime: image_download_token(grant=grant, lifetime=lifetime))]

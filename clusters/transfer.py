@@ -31,7 +31,9 @@ class ServerFile:
     spec: FileSpec
     what: str  # in words, for the bar: "the runtime image"
     download_path: str  # on the console: /agent/images/<digest>/
-    token: Callable[[], str]  # a fresh download token for the first copy
+    # A fresh download token for the first copy, to the member this ServerFile was made for, good for that
+    # many seconds (the fetch's time limit).
+    token: Callable[[float], str]
 
 
 def files_held(member: ClusterMember, files: Sequence[ServerFile]) -> dict[str, bool]:
@@ -85,8 +87,9 @@ def _fetch(member: ClusterMember, file: ServerFile, source, board: ProgressBoard
            by_machine: dict[int, ClusterMember], serving: set[int]) -> None:
     """One file to one member, from the server or from the machine before it in the chain."""
     spec = file.spec
+    timeout = spec.size / 1_000_000 + 300  # seconds: 1 MB/s at the least, and five minutes to begin
     if source == planning.SERVER:
-        origin = FileSource(url=f"{console}{file.download_path}", token=file.token())
+        origin = FileSource(url=f"{console}{file.download_path}", token=file.token(timeout))
         label, watch = "the server", (member.machine_id,)
     else:
         giver = by_machine[source]
@@ -102,7 +105,7 @@ def _fetch(member: ClusterMember, file: ServerFile, source, board: ProgressBoard
     def on_progress(event: dict) -> None:
         board.transfer(member, spec.digest, bytes_done=int(event.get("bytes", 0)), rate=float(event.get("rate", 0)))
 
-    fetched = on_member(member, lambda agent: agent.file_fetch(spec, origin, timeout=spec.size / 1_000_000 + 300,
+    fetched = on_member(member, lambda agent: agent.file_fetch(spec, origin, timeout=timeout,
                                                                 on_progress=on_progress, abort=offline_reason(*watch)))
     board.transfer(member, spec.digest, bytes_done=spec.size, rate=0)
     Transfer.objects.filter(member=member, digest=spec.digest).update(bytes_fetched=F("bytes_fetched") + fetched)

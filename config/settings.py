@@ -9,6 +9,9 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.utils.csp import CSP
+
+from config import data_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -22,7 +25,8 @@ def env_int(name: str, default: int) -> int:
 
 
 # Where the console keeps what is not in the database: its SSH key, the secret
-# key, the SQLite file, agent builds. Outside the repository on purpose.
+# key, the SQLite file, agent builds. Outside the repository on purpose; made private
+# to this user below, once every file in it is named.
 DATA_DIR = Path(os.environ.get("FADEN_DATA_DIR", Path.home() / ".local/share/fadenstack"))
 DATA_DIR.mkdir(parents=True, exist_ok=True, mode=0o700)
 
@@ -45,6 +49,39 @@ DEBUG = env_bool("FADEN_DEBUG")
 ALLOWED_HOSTS = os.environ.get("FADEN_ALLOWED_HOSTS", "*").split(",")
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("FADEN_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
+# Behind TLS, FADEN_SECURE=true: browsers and the API are sent to https and told to stay there (HSTS), and
+# the session and CSRF cookies travel over https only. The machines' own endpoints (/agent/: heartbeats,
+# the image's first copy) stay on plain HTTP until their traffic is encrypted, so no machine goes Offline.
+FADEN_SECURE = env_bool("FADEN_SECURE")
+SECURE_SSL_REDIRECT = FADEN_SECURE
+SECURE_REDIRECT_EXEMPT = [r"^agent/"]
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = FADEN_SECURE
+SECURE_HSTS_SECONDS = env_int("FADEN_HSTS_SECONDS", 365 * 24 * 3600) if FADEN_SECURE else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("FADEN_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("FADEN_HSTS_PRELOAD")  # the operator's choice: hard to undo (README)
+# A proxy in front terminates TLS and says so, and where the request came from (X-Forwarded-For, read by
+# console.audit.client_address). Trusted only when set: a client could forge these headers.
+FADEN_BEHIND_PROXY = env_bool("FADEN_BEHIND_PROXY")
+if FADEN_BEHIND_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    USE_X_FORWARDED_HOST = True
+
+# Scripts, styles, fonts and connections from the console itself only: no inline script or style
+# (progress bars get their width from static/js/console.js). Images may also be data: URLs (Swagger
+# UI's icons). DRF's browsable API widens style-src for its own pages (console/api.py).
+# docs/security.md says why each source is there.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF],  # the live websocket is same-origin: 'self' covers ws: and wss:
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.SELF],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+}
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -60,6 +97,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files: the API's pages need no internet
+    "axes",  # failed sign-ins counted per address and per user name (console/logins.py)
     "console",
     "machines",
     "clusters",
@@ -68,8 +106,10 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "console.audit.AuditMiddleware",  # outside CSRF and the sign-in check, so their refusals are recorded too
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -77,6 +117,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: it turns a refused sign-in into the lockout page
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -112,10 +153,28 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-AUTH_PASSWORD_VALIDATORS = [
+AUTH_PASSWORD_VALIDATORS = [  # FADEN_ADMIN_PASSWORD goes through them too
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out address or user before any password check
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Sign-ins: after FADEN_LOGIN_FAILURE_LIMIT failures in a row from one address, or for one user name,
+# sign-ins from there or for that name are refused for FADEN_LOGIN_LOCKOUT_MINUTES (each refused try
+# starts the wait again). Every failure is logged and audited (console/logins.py).
+AXES_FAILURE_LIMIT = env_int("FADEN_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("FADEN_LOGIN_LOCKOUT_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = ["ip_address", "username"]  # either one
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "console.logins.lockout_response"
+AXES_CLIENT_IP_CALLABLE = "console.audit.client_address"
+AXES_DISABLE_ACCESS_LOG = True  # successful sign-ins are in the audit trail
+AXES_VERBOSE = False  # console/logins.py logs each failure in its own words
+MESSAGE_STORAGE = "console.audit.AuditedMessageStorage"  # a page's message is its audit entry's words too
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
@@ -130,11 +189,16 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(os.environ.get("FADEN_STATIC_ROOT", BASE_DIR / "staticfiles"))
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+FADEN_CELERY_QUEUE = os.environ.get("FADEN_CELERY_QUEUE", "fadenstack")
+# Live cards travel over Redis pub/sub, whose channels ignore the database number in REDIS_URL:
+# consoles sharing one Redis server keep apart by this prefix, one per queue unless set.
+FADEN_LIVE_PREFIX = os.environ.get("FADEN_LIVE_PREFIX") or f"{FADEN_CELERY_QUEUE}.live"
 
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        # console/pubsub.py publishes with the same prefix, read from here.
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": FADEN_LIVE_PREFIX},
     }
 }
 
@@ -145,7 +209,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = env_bool("FADEN_CELERY_EAGER")
-CELERY_TASK_DEFAULT_QUEUE = os.environ.get("FADEN_CELERY_QUEUE", "fadenstack")
+CELERY_TASK_DEFAULT_QUEUE = FADEN_CELERY_QUEUE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "machines-mark-offline": {
@@ -170,6 +234,7 @@ CELERY_BEAT_SCHEDULE = {
 FADEN_KEEP_EVENTS_DAYS = env_int("FADEN_KEEP_EVENTS_DAYS", 90)  # machine events
 FADEN_KEEP_JOBS_DAYS = env_int("FADEN_KEEP_JOBS_DAYS", 90)  # finished jobs; queued and running ones stay
 FADEN_KEEP_CHECKS_DAYS = env_int("FADEN_KEEP_CHECKS_DAYS", 7)  # clusters' health checks: about 1,440 a day each
+FADEN_KEEP_AUDIT_DAYS = env_int("FADEN_KEEP_AUDIT_DAYS", 365)  # the audit trail: who did what
 CELERY_BEAT_SCHEDULE["prune-old-records"] = {"task": "console.tasks.prune_old_records", "schedule": timedelta(hours=1)}
 
 # Jobs: a running job's worker beats its row; a job silent for FADEN_JOB_STALE seconds lost it.
@@ -197,6 +262,7 @@ REST_FRAMEWORK = {
     # Every operation's schema lists the errors it answers too (console/schema.py).
     "DEFAULT_SCHEMA_CLASS": "console.schema.ConsoleAutoSchema",
     "EXCEPTION_HANDLER": "console.api.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "console.api.BrowsableAPIRenderer"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Fadenstack console API",
@@ -220,6 +286,10 @@ FADEN_SSH_KEY_PATH = Path(os.environ.get("FADEN_SSH_KEY", DATA_DIR / "ssh" / "id
 FADEN_SSH_CONNECT_TIMEOUT = env_int("FADEN_SSH_CONNECT_TIMEOUT", 10)
 FADEN_SSH_COMMAND_TIMEOUT = env_int("FADEN_SSH_COMMAND_TIMEOUT", 120)
 
+# At every start, whatever modes were there before: the data directory and all in it (0700, 0600),
+# the SSH key and the SQLite file wherever they are.
+data_dir.private(DATA_DIR, secrets_elsewhere=[FADEN_SSH_KEY_PATH], database=DATABASES["default"])
+
 # Heartbeats: how machines reach the console, how often they beat, when they count as offline.
 FADEN_CONSOLE_URL = os.environ.get("FADEN_CONSOLE_URL", "")
 FADEN_WEB_PORT = env_int("FADEN_WEB_PORT", 8000)
@@ -232,7 +302,7 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("FADEN_LOG_LEVEL", "INFO")},
-    "loggers": {"paramiko": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
+    "loggers": {"paramiko": {"level": "WARNING"}, "daphne": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }
 
 # Static files are served by WhiteNoise from the collected folder, and straight from static/ before

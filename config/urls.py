@@ -1,6 +1,9 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_not_required
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from clusters.agent_views import runtime_image_download
 from console import views
@@ -13,10 +16,13 @@ urlpatterns = [
     path("machines/", include("machines.urls")),
     path("clusters/", include("clusters.urls")),
     path("deployments/", include("deployments.urls")),
+    path("audit/", views.audit_list, name="audit"),
     path("agent/heartbeat/", agent_heartbeat, name="agent-heartbeat"),
     path("agent/images/<str:digest>/", runtime_image_download, name="agent-image-download"),
     path("api/", include("config.api_urls")),
     path("admin/", admin.site.urls),
+    # Pages without an icon link of their own (the admin's, the API's) make browsers ask for this.
+    path("favicon.ico", login_not_required(RedirectView.as_view(url=static("favicon.svg"), permanent=True))),
 ]
 
 # Errors: JSON with a message under /api/, a page in the console's shell elsewhere (console/errors.py).

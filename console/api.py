@@ -1,13 +1,17 @@
-"""Shared pieces of the REST API: errors as JSON a person can read, and input read within bounds.
+"""Shared pieces of the REST API: errors as JSON a person can read, input read within bounds, and
+the browsable API under the CSP.
 
 Every refusal is ``{"message": ...}`` (a 400 adds ``errors``, by field). Bodies are JSON only, at
 most DATA_UPLOAD_MAX_MEMORY_SIZE bytes and ``bodies.MAX_DEPTH`` levels deep; ids and page numbers
 are parsed by ``console.params``. Errors raised outside a view (a URL that matches nothing, a
 crash) are answered by ``console.errors`` in the same shape.
-"""
+
+Named in the settings (REST_FRAMEWORK), so this module imports no view: DRF's views read those settings
+when they are defined. The console's own API is in console/audit_api.py."""
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
-from rest_framework import exceptions, pagination, parsers, serializers, status
+from django.utils.csp import CSP, build_policy
+from rest_framework import exceptions, pagination, parsers, renderers, serializers, status
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from console import bodies, params
@@ -96,3 +100,19 @@ class ErrorSerializer(serializers.Serializer):
 
     message = serializers.CharField()
     errors = serializers.DictField(required=False, help_text="For a 400: the refusals by field (non_field_errors, detail or a field's name)")
+
+
+class BrowsableAPIRenderer(renderers.BrowsableAPIRenderer):
+    """DRF's HTML pages of the API, under the console's Content-Security-Policy but for inline styles.
+
+    DRF's templates put style attributes on their buttons and Pygments' rules in a <style> element;
+    inline styles run no script, and every script of these pages is a file, so only style-src is
+    widened. A CSP header set on the response is left as it is by Django's middleware.
+    """
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        response = (renderer_context or {}).get("response")
+        if response is not None and settings.SECURE_CSP:
+            policy = {**settings.SECURE_CSP, "style-src": [CSP.SELF, CSP.UNSAFE_INLINE]}
+            response.headers[CSP.HEADER_ENFORCE] = build_policy(policy)
+        return super().render(data, accepted_media_type, renderer_context)

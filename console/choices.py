@@ -28,3 +28,13 @@ class StepState(models.TextChoices):
     DONE = "done", "Done"
     FAILED = "failed", "Failed"
     SKIPPED = "skipped", "Skipped"
+
+
+class AuditOutcome(models.TextChoices):
+    DONE = "done", "Done"
+    SHOWN = "shown", "Shown again"  # a page answered with its form again (its errors, or a step to confirm)
+    REFUSED = "refused", "Refused"  # not allowed, not valid, not signed in, locked out
+    FAILED = "failed", "Failed"  # the console broke (a 5xx)
+
+
+AUDIT_BADGE = {AuditOutcome.DONE: "green", AuditOutcome.SHOWN: "grey", AuditOutcome.REFUSED: "amber", AuditOutcome.FAILED: "red"}

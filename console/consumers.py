@@ -4,7 +4,7 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from console import live
+from console import live, live_sessions
 
 MAX_TOPICS = 20
 
@@ -21,6 +21,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close(code=4403)
             return
         self.topics = topics
+        await self.join_own_groups(user)
         for topic in self.topics:
             await self.channel_layer.group_add(live.group_name(topic), self.channel_name)
         await self.accept()
@@ -38,9 +39,28 @@ class LiveConsumer(AsyncWebsocketConsumer):
             return []
         return topics
 
+    async def join_own_groups(self, user) -> None:
+        """Join the user's and the session's groups: the socket closes when they end (console/live_sessions.py)."""
+        session = self.scope.get("session")
+        self.own_groups = live_sessions.socket_groups(user, session.session_key if session else None)
+        for group in self.own_groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+
     async def disconnect(self, code):
-        for topic in getattr(self, "topics", []):
-            await self.channel_layer.group_discard(live.group_name(topic), self.channel_name)
+        await self.leave_groups()
+
+    async def leave_groups(self) -> None:
+        groups = [live.group_name(topic) for topic in getattr(self, "topics", [])] + getattr(self, "own_groups", [])
+        self.topics, self.own_groups = [], []
+        for group in groups:
+            await self.channel_layer.group_discard(group, self.channel_name)
 
     async def live_html(self, event):
         await self.send(text_data=event["html"])
+
+    async def live_close(self, event):
+        """The session that opened this socket ended (logout, new password, account deactivated).
+
+        The groups are left first: no card reaches the socket while the server takes it down."""
+        await self.leave_groups()
+        await self.close(code=4401)

@@ -1,7 +1,8 @@
-"""The job row: every long operation is one, created by a service and run by one wrapper."""
+"""The console's own rows: the job every long operation writes, and the audit trail."""
 from django.db import models
+from django.utils import timezone
 
-from console.choices import JOB_ACTIVE, JOB_BADGE, JobState
+from console.choices import AUDIT_BADGE, JOB_ACTIVE, JOB_BADGE, AuditOutcome, JobState
 
 
 class Job(models.Model):
@@ -50,3 +51,37 @@ class Job(models.Model):
         if self.started_at and self.finished_at:
             return self.finished_at - self.started_at
         return None
+
+
+class AuditEntry(models.Model):
+    """One thing a person (or a command on the server) did or tried: who, when, what, from where, the outcome.
+
+    Written by console/audit.py only; never changed, deleted by age (FADEN_KEEP_AUDIT_DAYS).
+    """
+
+    at = models.DateTimeField(default=timezone.now)
+    user = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    username = models.CharField(max_length=150, blank=True, help_text="As it was then; for a failed sign-in, the name tried")
+    action = models.CharField(max_length=100, help_text="What was done: a page's or the API's url name, or login.failed")
+    method = models.CharField(max_length=10, blank=True)
+    target = models.CharField(max_length=300, blank=True, help_text="What it was done to: the path, a user, a token's owner")
+    address = models.GenericIPAddressField(null=True, blank=True, help_text="Where the request came from")
+    outcome = models.CharField(max_length=16, choices=AuditOutcome.choices)
+    status = models.PositiveSmallIntegerField(null=True, blank=True, help_text="The HTTP status answered")
+    message = models.TextField(blank=True, help_text="The words the person read, or what changed")
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["-at", "-id"]),  # the page, newest first; pruning by age
+            models.Index(fields=["username", "-at"]),
+            models.Index(fields=["outcome", "-at"]),
+        ]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.username or 'someone'} {self.action} ({self.outcome})"
+
+    @property
+    def badge(self) -> str:
+        return AUDIT_BADGE[self.outcome]

@@ -64,6 +64,17 @@ def int_param(query, name: str, *, default: int | None = None, low: int = 1, hig
     return parse_int(raw, name=name, low=low, high=high)
 
 
+def choice_param(query, name: str, choices) -> str:
+    """The value ``query[name]`` names, one of ``choices``; "" when it is absent or blank."""
+    given = query.getlist(name)
+    if len(given) > 1:
+        raise InvalidParameter(name, f"Give one value, not {len(given)}.")
+    value = given[0].strip() if given else ""
+    if value and value not in choices:
+        raise InvalidParameter(name, f"Give one of {', '.join(choices)}, not {shown(value)}.")
+    return value
+
+
 def id_list(values: Iterable[object], *, name: str) -> list[int]:
     """The ids in ``values``: repeated parameters, comma-separated ones (``?machines=3,4&machines=5``)
     or both; each strict, in the order given, once each. Blank parts are skipped (a trailing comma)."""

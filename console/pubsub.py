@@ -2,7 +2,9 @@
 
 The console's channel layer is channels_redis's RedisPubSubChannelLayer. There a
 group is the Redis pub/sub channel ``<prefix>__group__<group>`` (on the Redis the
-name hashes to, when there are several), and each web process subscribes to it
+name hashes to, when there are several). Pub/sub channels ignore the database number,
+so the prefix (``FADEN_LIVE_PREFIX``, read from the layer's settings here as the layer
+reads it) is what keeps consoles sharing a Redis server apart. Each web process subscribes to it
 while at least one of its websockets is in the group. So Redis itself knows who
 watches: PUBSUB NUMSUB counts the subscribed connections of every web process,
 and a process that dies leaves with its connection, so there is no count of our

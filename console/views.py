@@ -1,9 +1,16 @@
-"""The dashboard: the panels the apps registered (console/dashboard.py), live where they say so."""
+"""The console's own pages: the dashboard (the panels the apps registered, console/dashboard.py, live where
+they say so) and the audit trail."""
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.shortcuts import render
 from django.template.loader import render_to_string
 
+from console import audit, params
 from console import dashboard as panels
+from console.choices import AuditOutcome
 from console.models import Job
+
+AUDIT_PAGE_SIZE = 50
 
 
 def dashboard(request):
@@ -15,3 +22,14 @@ def dashboard(request):
 def recent_jobs(request) -> dict:
     """The dashboard's panel of the last jobs, whatever they ran on."""
     return {"jobs": Job.objects.all()[:8]}
+
+
+def audit_list(request):
+    """Who did what, newest first: Administrators only."""
+    if not audit.may_read(request.user):
+        raise PermissionDenied("Only Administrators may read the audit trail.")
+    shown = {name: request.GET.get(name, "").strip()[:100] for name in ("user", "action")}
+    shown["outcome"] = params.choice_param(request.GET, "outcome", AuditOutcome.values)
+    page = Paginator(audit.audit_entries(**shown), AUDIT_PAGE_SIZE).get_page(params.int_param(request.GET, "page", default=1))
+    return render(request, "console/audit_list.html", {"page": page, "entries": page.object_list, "outcomes": AuditOutcome.choices,
+                                                        "filters": shown, "filtered": any(shown.values())})

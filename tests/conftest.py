@@ -8,7 +8,17 @@ import uuid
 
 import pytest
 
+from tests.lab_fixtures import uses_lab
+
 pytest_plugins = ["tests.lab_fixtures"]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """The lab's tests first (after pytest-django has put them in its order): under ``make test``
+    (``-n 2 --dist loadgroup --no-loadscope-reorder``) their worker starts on them at once, and the
+    other worker runs everything else beside them. tests/lab_fixtures.py puts them in one group."""
+    items.sort(key=lambda item: not uses_lab(item))  # stable: each part keeps its order
 
 
 @pytest.fixture(scope="module")

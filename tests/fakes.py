@@ -39,7 +39,7 @@ class FakeAgent:
 
     def file_fetch(self, spec, source, **kwargs) -> int:
         """The whole file arrives: its size is what crossed the network."""
-        self._answer("file_fetch", digest=spec.digest, url=source.url)
+        self._answer("file_fetch", digest=spec.digest, url=source.url, token=source.token, timeout=kwargs.get("timeout"))
         if kwargs.get("on_progress"):
             kwargs["on_progress"]({"event": "progress", "bytes": spec.size // 2, "rate": 1.0})
         return spec.size

@@ -23,6 +23,18 @@ from tests.harness import LAB_CONSOLE_ADDRESS, console_lab
 os.environ.setdefault("DJANGO_LIVE_TEST_SERVER_ADDRESS", "0.0.0.0")
 
 
+def uses_lab(item) -> bool:
+    return item.get_closest_marker("lab") is not None or "lab_session" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """One lab per host: every test that uses it runs in one xdist worker (group ``lab``), in order."""
+    for item in items:
+        if uses_lab(item):
+            item.add_marker(pytest.mark.xdist_group("lab"))
+
+
 def lab_missing() -> str | None:
     """Why this host cannot hold the lab, or None."""
     from lab import util as lab_util

@@ -84,10 +84,12 @@ class Console:
 
 
 @contextlib.contextmanager
-def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: bool = False):
+def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: bool = False, worker: bool = True):
     """Daphne on every address (the lab's machines post heartbeats to it), one worker on a queue of
-    its own, and beat when asked. With ``enqueue`` the test process sends its tasks to that worker
-    instead of running them eagerly."""
+    its own (unless ``worker`` is false), and beat when asked. With ``enqueue`` the test process sends
+    its tasks to that worker instead of running them eagerly."""
+    from django.conf import settings
+
     from config.celery import app
 
     port = free_port()
@@ -98,6 +100,8 @@ def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: b
         "DATABASE_URL": database_url(),
         "FADEN_CELERY_EAGER": "0",
         "FADEN_CELERY_QUEUE": queue,
+        # The test process is part of the same console: what it pushes reaches the console's sockets.
+        "FADEN_LIVE_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
         "FADEN_CONSOLE_URL": f"http://198.18.0.1:{port}",
         "FADEN_LOG_LEVEL": "WARNING",
         **(env or {}),
@@ -109,7 +113,8 @@ def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: b
     try:
         web = console.spawn(["-m", "daphne", "-v", "0", "-b", "0.0.0.0", "-p", str(port), "config.asgi:application"])
         wait_for_port(port, web)
-        console.start_worker()
+        if worker:
+            console.start_worker()
         if beat:
             schedule = os.path.join(tempfile.mkdtemp(prefix="fadenstack-beat-"), "schedule")
             console.spawn(["-m", "celery", "-A", "config", "beat", "-l", "WARNING", "-s", schedule])

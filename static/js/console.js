@@ -15,20 +15,31 @@
 
   // 1. Live dot -------------------------------------------------------------
 
-  function setLive(on, label) {
+  var SESSION_ENDED = 4401; // the console closes a socket whose session ended (console/live_sessions.py)
+
+  function setLive(on, label, title) {
     document.querySelectorAll("[data-live-dot]").forEach(function (dot) {
       dot.classList.toggle("live-dot--on", on);
       dot.classList.toggle("live-dot--off", !on);
       dot.textContent = label;
-      dot.title = on
+      dot.title = title || (on
         ? "Live: this page updates by itself."
-        : "Not connected: the page does not update by itself until it reconnects. Reload to see the latest.";
+        : "Not connected: the page does not update by itself until it reconnects. Reload to see the latest.");
     });
+  }
+
+  function closed(event) {
+    var code = event.detail && event.detail.event && event.detail.event.code;
+    if (code === SESSION_ENDED) {
+      setLive(false, "Signed out", "Your session ended (logged out, new password or account closed): the page no longer updates. Reload to sign in again.");
+    } else {
+      setLive(false, "Reconnecting…");
+    }
   }
 
   document.addEventListener("htmx:wsConnecting", function () { setLive(false, "Connecting…"); });
   document.addEventListener("htmx:wsOpen", function () { setLive(true, "Live"); });
-  document.addEventListener("htmx:wsClose", function () { setLive(false, "Reconnecting…"); });
+  document.addEventListener("htmx:wsClose", closed);
   document.addEventListener("htmx:wsError", function () { setLive(false, "Reconnecting…"); });
 
   // 2. Copy buttons ---------------------------------------------------------
@@ -176,4 +187,30 @@
   document.addEventListener("DOMContentLoaded", apply);
   document.addEventListener("htmx:wsAfterMessage", apply);
   document.addEventListener("htmx:afterSettle", apply);
+})();
+
+// What the Content-Security-Policy keeps out of the HTML (no inline style or handler) is done here:
+// - progress bars: <div class="bar__fill" data-percent="42"> gets its width, on load and on every
+//   swap (htmx fires htmx:load on new content in the same task as the swap, so a pushed bar is first
+//   painted at its width, as it was with a style attribute);
+// - <select data-submit-on-change> submits its form when changed.
+(function () {
+  "use strict";
+
+  function fillBars(root) {
+    var bars = root.matches && root.matches("[data-percent]") ? [root] : [];
+    root.querySelectorAll("[data-percent]").forEach(function (bar) { bars.push(bar); });
+    bars.forEach(function (bar) {
+      var percent = Math.min(100, Math.max(0, parseFloat(bar.getAttribute("data-percent")) || 0));
+      bar.style.width = percent + "%";
+    });
+  }
+
+  if (window.htmx) htmx.onLoad(fillBars);
+  else document.addEventListener("DOMContentLoaded", function () { fillBars(document); });
+
+  document.addEventListener("change", function (event) {
+    var field = event.target.closest("[data-submit-on-change]");
+    if (field && field.form) field.form.requestSubmit();
+  });
 })();

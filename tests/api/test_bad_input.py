@@ -226,3 +226,18 @@ def test_a_heartbeat_larger_than_16_kib_is_a_413(beating_machine):
 
 def test_a_heartbeat_whose_json_is_not_an_object_is_read_as_an_empty_one(beating_machine):
     assert heartbeat("[1, 2]").json()["ok"] is True
+
+
+# -- the audit trail's filters ------------------------------------------------------------------------
+
+
+def test_an_audit_outcome_that_is_not_one_of_the_outcomes_is_a_400_naming_them(api_client, admin_client):
+    message = refusal(api_client.get("/api/audit/?outcome=AAA"))
+    assert message == "outcome: Give one of done, shown, refused, failed, not 'AAA'."
+    page = admin_client.get("/audit/?outcome=AAA")
+    assert page.status_code == 400 and b"outcome: Give one of done, shown, refused, failed" in page.content
+
+
+def test_an_audit_entry_is_read_by_its_id_whatever_the_lists_filters_say(api_client):
+    entry_id = api_client.get("/api/audit/").json()["results"][0]["id"]
+    assert api_client.get(f"/api/audit/{entry_id}/?outcome=AAA").status_code == 200

@@ -11,6 +11,9 @@ from django.db import close_old_connections
 from django.test import Client
 
 from clusters import agent_views, images
+from clusters.choices import ClusterState
+from clusters.models import Cluster
+from tests.builders import cluster_of, gpu_machine
 from lab import images as lab_images
 
 pytestmark = pytest.mark.django_db
@@ -34,8 +37,19 @@ def data(image):
 
 
 @pytest.fixture
-def token(image):
-    return images.image_download_token(digest=image.digest, cluster_id=1)
+def member(image):
+    """The machine the token is for, in the cluster whose start made it."""
+    return cluster_of([gpu_machine("gpu-a", 11)], state=ClusterState.STARTING, runtime=image).members.get()
+
+
+def token_for(member, *, digest: str, lifetime: float = 600) -> str:
+    grant = images.ImageGrant(digest=digest, cluster_id=member.cluster_id, machine_id=member.machine_id)
+    return images.image_download_token(grant=grant, lifetime=lifetime)
+
+
+@pytest.fixture
+def token(image, member):
+    return token_for(member, digest=image.digest)
 
 
 @pytest.fixture
@@ -72,13 +86,46 @@ def test_a_bad_token_or_another_scheme_is_a_401(agent, image, token, header):
     assert response.status_code == 401
 
 
-def test_a_token_made_for_another_image_is_refused(agent, image):
-    other = images.image_download_token(digest="0" * 64, cluster_id=1)
-
-    response = get(agent, image, other)
+def test_a_token_made_for_another_image_is_refused(agent, image, member):
+    response = get(agent, image, token_for(member, digest="0" * 64))
 
     assert response.status_code == 401
     assert response.json()["error"] == "This token is for another image."
+
+
+def test_a_token_past_its_lifetime_is_refused(agent, image, member, monkeypatch):
+    token = token_for(member, digest=image.digest, lifetime=300)
+    now = images.time.time()
+    monkeypatch.setattr(images.time, "time", lambda: now + 301)
+
+    response = get(agent, image, token)
+
+    assert response.status_code == 401
+    assert "valid image token" in response.json()["error"]
+
+
+def test_a_token_stops_working_when_its_cluster_is_being_deleted_or_is_gone(agent, image, member, token):
+    Cluster.objects.filter(pk=member.cluster_id).update(state=ClusterState.DELETING)
+    deleting = get(agent, image, token)
+    member.cluster.delete()
+    gone = get(agent, image, token)
+
+    assert (deleting.status_code, gone.status_code) == (401, 401)
+    assert gone.json()["error"] == "This token's cluster was deleted, or its machine is no longer in it."
+
+
+def test_a_token_is_bound_to_its_machine_and_cluster(agent, image, member, token):
+    other = cluster_of([gpu_machine("gpu-b", 12)], name="other-room", state=ClusterState.STARTING, runtime=image).members.get()
+    for_a_machine_outside = images.ImageGrant(digest=image.digest, cluster_id=member.cluster_id, machine_id=other.machine_id)
+    for_another_cluster = images.ImageGrant(digest=image.digest, cluster_id=other.cluster_id, machine_id=member.machine_id)
+
+    assert get(agent, image, token).status_code == 200
+    for grant in (for_a_machine_outside, for_another_cluster):
+        response = get(agent, image, images.image_download_token(grant=grant, lifetime=600))
+        assert response.status_code == 401
+        assert "no longer in it" in response.json()["error"]
+    member.delete()  # the machine was taken out of the cluster
+    assert get(agent, image, token).status_code == 401
 
 
 def test_an_image_the_server_does_not_hold_is_a_404(agent, image, token):

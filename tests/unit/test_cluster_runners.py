@@ -1,7 +1,10 @@
 """The jobs of a cluster run end to end against the fake agent client: a start ships the image
 server-first then machine to machine, keeps one transfer per machine and file, and the cluster reads
 Running only in the transaction that ends its job."""
+import time
+
 import pytest
+from django.core import signing
 
 from clusters import services, steps, tasks
 from clusters.choices import ClusterState, MemberState
@@ -72,6 +75,21 @@ def test_the_image_leaves_the_server_once_and_travels_machine_to_machine(stopped
     assert all(t.complete and t.what == "the runtime image" for t in transfers.values())
 
 
+def test_the_first_copy_s_token_is_the_machine_s_own_for_its_cluster_and_lasts_as_long_as_the_fetch(stopped, agents):
+    from clusters import images
+
+    started = time.time()
+    start(stopped)
+
+    [(name, fetch)] = [(name, kwargs) for name, method, kwargs in agents.calls if method == "file_fetch" and kwargs["token"]]
+    granted = signing.loads(fetch["token"], salt=images.TOKEN_SALT)
+    assert name == "gpu-a"
+    assert granted["digest"] == fetch["digest"] and granted["cluster"] == stopped.pk
+    assert granted["machine"] == Machine.objects.get(name="gpu-a").pk
+    assert started + fetch["timeout"] - 1 <= granted["expires"] <= time.time() + fetch["timeout"]
+    assert fetch["timeout"] < 3600  # a 1 KiB image: minutes, not the day tokens used to last
+
+
 def test_a_start_that_a_stop_overtook_after_its_last_step_leaves_the_stop_s_word(stopped, agents):
     def stop_now():
         Cluster.objects.filter(pk=stopped.pk).update(state=ClusterState.STOPPING)
@@ -128,7 +146,7 @@ def test_several_files_travel_each_in_its_own_chain_with_a_bar_per_machine_and_f
     from machines.agent_client import FileSpec
 
     files = [ServerFile(spec=FileSpec(digest=d * 64, size=size, chunk_size=size, chunk_hashes=["c" * 64]), what=what,
-                        download_path=f"/agent/files/{d * 64}/", token=lambda: "t")
+                        download_path=f"/agent/files/{d * 64}/", token=lambda lifetime: "t")
              for d, size, what in (("a", 100, "the runtime image"), ("b", 300, "the model's weights"))]
     stopped.members.update(state=MemberState.PENDING)  # as a start leaves them before the files travel
     members = cluster_members(stopped)

@@ -144,3 +144,11 @@ def test_the_group_channel_is_named_and_placed_as_channels_redis_does(settings):
         assert len({shard for _, shard in ours}) > 1
     finally:
         channel_layers.backends.clear()
+
+
+def test_the_live_prefix_is_the_queue_s_unless_set():
+    """Consoles on one Redis server keep their pub/sub channels apart by it: one per queue by default."""
+    from config import settings as console_settings
+
+    assert console_settings.FADEN_LIVE_PREFIX == f"{console_settings.FADEN_CELERY_QUEUE}.live"
+    assert console_settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] == console_settings.FADEN_LIVE_PREFIX

@@ -254,29 +254,38 @@ def test_the_needs_cost_a_few_queries_whatever_the_number_of_machines(store, tmp
 
 
 DIGEST = "ab" * 32
+GRANT = images.ImageGrant(digest=DIGEST, cluster_id=7, machine_id=3)
 
 
-def test_a_download_token_names_its_digest_and_cluster():
-    token = images.image_download_token(digest=DIGEST, cluster_id=7)
+def test_a_download_token_names_its_image_cluster_and_machine():
+    token = images.image_download_token(grant=GRANT, lifetime=600)
 
-    assert images.image_download_token_check(token) == (DIGEST, 7)
+    assert images.image_download_token_check(token) == GRANT
 
 
 def test_a_tampered_or_foreign_token_is_refused():
-    token = images.image_download_token(digest=DIGEST, cluster_id=7)
+    token = images.image_download_token(grant=GRANT, lifetime=600)
 
     assert images.image_download_token_check(token[:-2] + "xx") is None
     assert images.image_download_token_check("") is None
-    assert images.image_download_token_check(signing.dumps({"digest": DIGEST, "cluster": 7}, salt="other")) is None
+    forged = {"digest": DIGEST, "cluster": 7, "machine": 3, "expires": int(time.time()) + 600}
+    assert images.image_download_token_check(signing.dumps(forged, salt="other")) is None
 
 
-def test_a_token_older_than_a_day_is_refused(monkeypatch):
+def test_a_token_is_refused_once_its_lifetime_has_passed(monkeypatch):
+    token = images.image_download_token(grant=GRANT, lifetime=600)
     now = time.time()
-    with monkeypatch.context() as past:
-        past.setattr(signing.time, "time", lambda: now - 24 * 3600 - 5)
-        token = images.image_download_token(digest=DIGEST, cluster_id=7)
 
+    monkeypatch.setattr(images.time, "time", lambda: now + 599)
+    assert images.image_download_token_check(token) == GRANT
+    monkeypatch.setattr(images.time, "time", lambda: now + 601)
     assert images.image_download_token_check(token) is None
+
+
+def test_a_token_made_before_tokens_named_their_machine_is_refused():
+    old = signing.dumps({"digest": DIGEST, "cluster": 7}, salt=images.TOKEN_SALT)
+
+    assert images.image_download_token_check(old) is None
 
 
 # -- the command ---------------------------------------------------------------------------

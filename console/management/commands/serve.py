@@ -11,7 +11,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
+from django.contrib.auth import get_user_model, password_validation
+from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
@@ -54,10 +55,10 @@ class Command(BaseCommand):
     def handle(self, *args, bind, port, concurrency, **options):
         self.children: dict[str, subprocess.Popen] = {}
         signal.signal(signal.SIGTERM, lambda *_: self._stop(0))
-        self._ensure_redis()
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
-        self._ensure_admin()
+        self._ensure_admin()  # before any process starts: a refused FADEN_ADMIN_PASSWORD stops here
+        self._ensure_redis()
         python = sys.executable
         data = Path(settings.DATA_DIR)
         self._spawn("web", [python, "-m", "daphne", "-b", bind, "-p", str(port), asgi_application()])
@@ -108,12 +109,34 @@ class Command(BaseCommand):
         raise CommandError(f"Redis did not start on {host}:{port}.")
 
     def _ensure_admin(self) -> None:
+        """The first run's user admin, with FADEN_ADMIN_PASSWORD once the password validators accept it, or a
+        generated password shown once on the terminal and nowhere else (stdout and stderr may be a log file)."""
         User = get_user_model()
         if User.objects.filter(is_superuser=True).exists():
             return
-        password = os.environ.get("FADEN_ADMIN_PASSWORD") or secrets.token_urlsafe(12)
+        given = os.environ.get("FADEN_ADMIN_PASSWORD")
+        if given:
+            try:
+                password_validation.validate_password(given, user=User(username="admin"))
+            except ValidationError as refused:
+                raise CommandError(f"FADEN_ADMIN_PASSWORD is refused: {' '.join(refused.messages)} Choose another.") from None
+        password = given or secrets.token_urlsafe(16)
         User.objects.create_superuser("admin", "", password)
-        if os.environ.get("FADEN_ADMIN_PASSWORD"):
+        if given:
             self.stdout.write("Created the user admin with the password from FADEN_ADMIN_PASSWORD.")
+        elif show_on_terminal(f"Created the user admin with the password {password} (shown only this once, only here).\n"):
+            self.stdout.write("Created the user admin; its password is shown on the terminal.")
         else:
-            self.stdout.write(self.style.WARNING(f"Created the user admin with the password {password} (shown only this once)."))
+            self.stdout.write(self.style.WARNING(
+                "Created the user admin with a generated password, not shown: no terminal is attached and a "
+                "log is no place for it. Set one with: faden changepassword admin"))
+
+
+def show_on_terminal(text: str) -> bool:
+    """Write ``text`` to the controlling terminal itself, not to stdout or stderr; False when there is none."""
+    try:
+        with open("/dev/tty", "w") as terminal:
+            terminal.write(text)
+    except OSError:
+        return False
+    return True
