@@ -197,7 +197,7 @@ class MachineFilter:
         """From a query string. Words that match nothing are ignored (they only narrow a list); a page
         that is not a number is refused (console.params), one past the last shows the last."""
         state = query.get("state", "")
-        return cls(q=query.get("q", "").strip()[:63], kind=query.get("kind", "")[:50],
+        return cls(q=params.text_param(query, "q", max_length=63), kind=params.text_param(query, "kind", max_length=50),
                    state=state if state in {AVAILABLE, *MachineState.values} else "",
                    page=params.int_param(query, "page", default=1))
 

@@ -37,5 +37,5 @@ class AuditEntryViewSet(viewsets.ReadOnlyModelViewSet):
         if self.action != "list":
             return AuditEntry.objects.all()
         query = self.request.query_params
-        return audit.audit_entries(user=query.get("user", "").strip()[:100], action=query.get("action", "").strip()[:100],
+        return audit.audit_entries(user=params.text_param(query, "user"), action=params.text_param(query, "action"),
                                    outcome=params.choice_param(query, "outcome", AuditOutcome.values))

@@ -64,6 +64,18 @@ def int_param(query, name: str, *, default: int | None = None, low: int = 1, hig
     return parse_int(raw, name=name, low=low, high=high)
 
 
+def text_param(query, name: str, *, max_length: int = 100) -> str:
+    """The words ``query[name]`` holds for a search (``?q=gpu``), stripped and cut to ``max_length``; ""
+    when absent. Given once, and without NUL, which PostgreSQL refuses in any string."""
+    given = query.getlist(name)
+    if len(given) > 1:
+        raise InvalidParameter(name, f"Give one value, not {len(given)}.")
+    text = given[0].strip()[:max_length] if given else ""
+    if "\x00" in text:
+        raise InvalidParameter(name, "Give text without NUL characters.")
+    return text
+
+
 def choice_param(query, name: str, choices) -> str:
     """The value ``query[name]`` names, one of ``choices``; "" when it is absent or blank."""
     given = query.getlist(name)

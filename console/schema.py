@@ -5,7 +5,7 @@ every view and come from ``console.api`` (its exception handler, parser and pagi
 are added here once, by what the operation takes: every operation may answer 401 and 403, one
 with a path parameter or a page 404, one that takes a body or a query (or changes something) 400,
 one that reads a body 413. Integer parameters (ids, page numbers) carry the bounds
-``console.params`` reads them within.
+``console.params`` reads them within; an optional query parameter left blank is not given.
 The fuzzer (tests/api/test_fuzz.py) holds the API to this.
 """
 from drf_spectacular.openapi import AutoSchema
@@ -31,6 +31,8 @@ class ConsoleAutoSchema(AutoSchema):
         for parameter in parameters:
             if parameter["schema"].get("type") == "integer":  # ids and page numbers, in a path or a query
                 parameter["schema"].update(minimum=1, maximum=params.ID_MAX)
+            if parameter["in"] == "query" and not parameter.get("required"):
+                parameter["allowEmptyValue"] = True  # ?page= is no page at all (console.params), as in a form
         for code in self._error_codes(operation):
             if code not in operation["responses"]:
                 operation["responses"][code] = {

@@ -28,8 +28,8 @@ def audit_list(request):
     """Who did what, newest first: Administrators only."""
     if not audit.may_read(request.user):
         raise PermissionDenied("Only Administrators may read the audit trail.")
-    shown = {name: request.GET.get(name, "").strip()[:100] for name in ("user", "action")}
-    shown["outcome"] = params.choice_param(request.GET, "outcome", AuditOutcome.values)
+    shown = {"user": params.text_param(request.GET, "user"), "action": params.text_param(request.GET, "action"),
+             "outcome": params.choice_param(request.GET, "outcome", AuditOutcome.values)}
     page = Paginator(audit.audit_entries(**shown), AUDIT_PAGE_SIZE).get_page(params.int_param(request.GET, "page", default=1))
     return render(request, "console/audit_list.html", {"page": page, "entries": page.object_list, "outcomes": AuditOutcome.choices,
                                                         "filters": shown, "filtered": any(shown.values())})

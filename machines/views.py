@@ -50,7 +50,7 @@ def _filtered(request):
     state = request.GET.get("state", "")
     if state in MachineState.values:
         machines = machines.filter(state=state)
-    if query := request.GET.get("q", "").strip()[:100]:
+    if query := params.text_param(request.GET, "q"):
         machines = machines.filter(name__icontains=query) | machines.filter(address__icontains=query)
     return machines, state, query
 

@@ -135,6 +135,14 @@ def test_join_candidates_refuse_a_page_that_is_not_a_number(api_client, room):
     assert refusal(api_client.get(f"/api/clusters/{room.pk}/join-candidates/?page=²")).startswith("page: Give")
 
 
+def test_a_nul_in_search_words_is_a_400_not_a_postgresql_error(api_client, room, admin_client):
+    for url in [f"/api/clusters/{room.pk}/join-candidates/?q=gpu%00", f"/api/clusters/{room.pk}/join-candidates/?kind=%00",
+                "/api/audit/?user=%00", "/api/audit/?action=a%00"]:
+        assert refusal(api_client.get(url)).endswith(": Give text without NUL characters."), url
+    for url in ["/machines/?q=%00", "/clusters/new/?step=machines&q=%00", "/audit/?user=%00"]:
+        assert admin_client.get(url).status_code == 400, url
+
+
 @pytest.mark.parametrize("url", [f"/api/machines/{BEYOND_BIGINT}/", f"/api/clusters/{10**30}/", "/api/machines/١/",
                                  "/api/machines/abc/"])
 def test_an_id_in_a_path_that_no_object_can_have_is_a_404_in_json(api_client, url):

@@ -41,6 +41,21 @@ def test_a_number_in_a_query_string_is_its_default_when_absent_or_blank_and_refu
         params.int_param(QueryDict("page=٣"), "page")
 
 
+def test_search_words_are_stripped_cut_short_and_refused_with_a_nul_which_postgresql_refuses():
+    assert params.text_param(QueryDict("q=+gpu+"), "q") == "gpu"
+    assert params.text_param(QueryDict(""), "q") == ""
+    assert params.text_param(QueryDict("q=" + "x" * 200), "q", max_length=63) == "x" * 63
+    with pytest.raises(params.InvalidParameter, match="without NUL"):
+        params.text_param(QueryDict("q=gpu%00"), "q")
+
+
+def test_a_choice_is_one_of_its_values_or_nothing():
+    assert params.choice_param(QueryDict("outcome=done"), "outcome", ["done", "failed"]) == "done"
+    assert params.choice_param(QueryDict("outcome="), "outcome", ["done", "failed"]) == ""
+    with pytest.raises(params.InvalidParameter, match="Give one of done, failed, not 'AAA'"):
+        params.choice_param(QueryDict("outcome=AAA"), "outcome", ["done", "failed"])
+
+
 def test_id_lists_come_repeated_or_comma_separated_once_each_in_order():
     assert params.id_list(["3,4", "5", "3", "4,"], name="machines") == [3, 4, 5]
     assert params.id_list([], name="machines") == []
