@@ -1,4 +1,5 @@
-"""Ids and numbers from a request, parsed strictly: the digits 0-9 only, within the database's range.
+"""Ids, numbers and words from a request, parsed strictly: ids and numbers in the digits 0-9 only,
+within the database's range; each parameter given once.
 
 Python's ``int()`` is generous where a request must not be: it reads ``"١٢"`` (Arabic-Indic digits)
 as 12, and raises on ``"²"`` (which ``str.isdigit`` accepts) and on numbers longer than 4,300 digits;
@@ -52,25 +53,26 @@ def parse_int(raw: object, *, name: str, low: int = 1, high: int = ID_MAX) -> in
     return value
 
 
-def int_param(query, name: str, *, default: int | None = None, low: int = 1, high: int = ID_MAX) -> int | None:
-    """The number ``query[name]`` names (a query string or a form, given once); ``default`` when it is
-    absent or blank (a form's empty field)."""
-    given = query.getlist(name)
-    if len(given) > 1:
-        raise InvalidParameter(name, f"Give one number, not {len(given)}.")
-    raw = given[0] if given else ""
-    if not raw.strip():
-        return default
-    return parse_int(raw, name=name, low=low, high=high)
-
-
-def text_param(query, name: str, *, max_length: int = 100) -> str:
-    """The words ``query[name]`` holds for a search (``?q=gpu``), stripped and cut to ``max_length``; ""
-    when absent. Given once, and without NUL, which PostgreSQL refuses in any string."""
+def _given_once(query, name: str) -> str:
+    """``query[name]`` stripped, "" when absent; a parameter given twice (``?page=2&page=``) is refused,
+    as nothing says which one was meant."""
     given = query.getlist(name)
     if len(given) > 1:
         raise InvalidParameter(name, f"Give one value, not {len(given)}.")
-    text = given[0].strip()[:max_length] if given else ""
+    return given[0].strip() if given else ""
+
+
+def int_param(query, name: str, *, default: int | None = None, low: int = 1, high: int = ID_MAX) -> int | None:
+    """The number ``query[name]`` names (a query string or a form); ``default`` when it is absent or
+    blank (a form's empty field)."""
+    raw = _given_once(query, name)
+    return parse_int(raw, name=name, low=low, high=high) if raw else default
+
+
+def text_param(query, name: str, *, max_length: int = 100) -> str:
+    """The words ``query[name]`` holds for a search (``?q=gpu``), cut to ``max_length``; "" when absent.
+    Without NUL, which PostgreSQL refuses in any string."""
+    text = _given_once(query, name)[:max_length]
     if "\x00" in text:
         raise InvalidParameter(name, "Give text without NUL characters.")
     return text
@@ -78,10 +80,7 @@ def text_param(query, name: str, *, max_length: int = 100) -> str:
 
 def choice_param(query, name: str, choices) -> str:
     """The value ``query[name]`` names, one of ``choices``; "" when it is absent or blank."""
-    given = query.getlist(name)
-    if len(given) > 1:
-        raise InvalidParameter(name, f"Give one value, not {len(given)}.")
-    value = given[0].strip() if given else ""
+    value = _given_once(query, name)
     if value and value not in choices:
         raise InvalidParameter(name, f"Give one of {', '.join(choices)}, not {shown(value)}.")
     return value

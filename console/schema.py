@@ -4,7 +4,7 @@ drf-spectacular documents the success codes each view declares; the refusals are
 every view and come from ``console.api`` (its exception handler, parser and pagination), so they
 are added here once, by what the operation takes: every operation may answer 401 and 403, one
 with a path parameter or a page 404, one that takes a body or a query (or changes something) 400,
-one that reads a body 413. Integer parameters (ids, page numbers) carry the bounds
+one that reads a body 413 and 415. Integer parameters (ids, page numbers) carry the bounds
 ``console.params`` reads them within; an optional query parameter left blank is not given.
 The fuzzer (tests/api/test_fuzz.py) holds the API to this.
 """
@@ -14,11 +14,12 @@ from console import params
 from console.api import ErrorSerializer
 
 WHY = {
-    "400": "Refused: the request or the object's state does not allow it; ``message`` says why",
+    "400": "Refused: the request or the object's state does not allow it; `message` says why",
     "401": "No valid token or session",
     "403": "Signed in, but not allowed",
     "404": "No such object, or no such page of the list",
     "413": "The body is larger than the console accepts",
+    "415": "The body is not JSON (application/json)",
 }
 
 
@@ -47,5 +48,5 @@ class ConsoleAutoSchema(AutoSchema):
         if self.method != "GET" or "query" in where:
             codes.append("400")
         if "requestBody" in operation:
-            codes.append("413")
+            codes += ["413", "415"]
         return codes

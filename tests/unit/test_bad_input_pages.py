@@ -49,7 +49,7 @@ def error_page(response, status: int = 400) -> str:
 ])
 def test_the_wizard_refuses_ids_and_numbers_that_are_not_digits_or_too_large_with_a_400_page(admin_client, machines, query):
     message = error_page(admin_client.get(f"/clusters/new/?{query}"))
-    assert re.match(r"(machines|head|probe|page): Give (a whole number|one number)", message), message
+    assert re.match(r"(machines|head|probe|page): Give (a whole number|one value)", message), message
 
 
 def test_a_number_quoted_in_a_refusal_is_cut_short(admin_client):

@@ -35,7 +35,7 @@ def test_a_number_in_a_query_string_is_its_default_when_absent_or_blank_and_refu
     assert params.int_param(QueryDict(""), "page", default=1) == 1
     assert params.int_param(QueryDict("page="), "page", default=1) == 1
     assert params.int_param(QueryDict("page=3"), "page", default=1) == 3
-    with pytest.raises(params.InvalidParameter, match="Give one number, not 2"):
+    with pytest.raises(params.InvalidParameter, match="Give one value, not 2"):
         params.int_param(QueryDict("page=3&page=4"), "page")
     with pytest.raises(params.InvalidParameter):
         params.int_param(QueryDict("page=٣"), "page")
