@@ -5,7 +5,7 @@ operation: the schema's examples, then its coverage of each parameter's bounds a
 random ones, each both valid and invalid, with values it finds in the console's own source. The
 test fails on any 5xx and on any answer the schema does not describe: a status code it does not
 list, a body or a content type that does not match. The console answers in this process, through
-its WSGI application, signed in with an administrator's token.
+its WSGI application, signed in with an Administrator's token (a role that may call every operation).
 
 Nothing leaves this host: a machine "answers" the host key scan only at a loopback or lab address
 (127.0.0.0/8, 198.18.0.0/15) and SSH refuses everything; jobs are recorded, never sent to a worker;
@@ -25,6 +25,7 @@ from schemathesis import engine
 from schemathesis.core import NOT_SET
 from schemathesis.engine import events
 
+from console import params
 from machines import remote
 from tests.builders import build, cluster_of, gpu_machine
 from tests.factories import fingerprint_for
@@ -124,13 +125,19 @@ def after_call(context, case, response):
 
 def _existing_ids(objects: dict[str, list[int]]):
     def flatmap_path_parameters(context, generated):
-        """Half the time the ids of objects that exist: otherwise nearly every request with an id is a 404."""
-        if not generated:
+        """Half the time the ids of objects that exist: otherwise nearly every request with an id is a 404.
+        Only in place of valid ids: an id the fuzzer made invalid on purpose stays, since a real id in its
+        place makes the request valid while the case still says it is not (its 200: "invalid data accepted")."""
+        if not generated or not all(_is_id(value) for value in generated.values()):
             return st.just(generated)
         existing = {name: st.sampled_from(objects[name]) if name in objects else st.just(value) for name, value in generated.items()}
         return st.one_of(st.just(generated), st.fixed_dictionaries(existing))
 
     return flatmap_path_parameters
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= params.ID_MAX
 
 
 def _run(schema, *, deadline: float) -> tuple[list[str], set[str], set[str]]:
@@ -163,6 +170,6 @@ def _failures(event: events.ScenarioFinished) -> list[str]:
             sent = f" query={case.query}" if case.query else ""
             sent += f" body={str(case.body)[:300]}" if case.body is not NOT_SET else ""
             said = f"\n  -> {answer.status_code} {answer.content[:300]!r}" if answer else ""
-            found.append(f"{event.label}: {check.name}: {check.failure_info.failure.title}\n"
+            found.append(f"{event.label}: {check.name}: {check.failure_info.failure.title}\n  {check.failure_info.failure.message}\n"
                          f"  {case.method} {case.formatted_path}{sent}{said}")
     return found
