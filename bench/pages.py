@@ -418,7 +418,7 @@ def time_pushes(count: int, machine_id: int) -> list[tuple[str, float]]:
     settings.CHANNEL_LAYERS = {"default": {**settings.CHANNEL_LAYERS["default"],
                                            "CONFIG": {**settings.CHANNEL_LAYERS["default"]["CONFIG"], "prefix": f"bench-{uuid.uuid4().hex[:8]}"}}}
     channel_layers.backends.clear()
-    live.register("bench", lambda arg, part: ['<div id="bench" hx-swap-oob="true">1</div>'])
+    live.register("bench", lambda arg, part, role: ['<div id="bench" hx-swap-oob="true">1</div>'])
     results = []
 
     def timed(label: str, topic: str) -> None:

@@ -1,27 +1,50 @@
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 
 from clusters.models import Cluster, ClusterMember, HealthCheck, RuntimeImage
+from clusters.validators import name_taken, validate_cluster_name
+from console.admin import RecordAdmin, RecordInline
 
 
-class MemberInline(admin.TabularInline):
+class MemberInline(RecordInline):
     model = ClusterMember
-    extra = 0
+    fields = ["machine", "role", "state", "state_reason", "address", "runtime_image", "accelerators_in_ray"]
+
+
+class ClusterForm(forms.ModelForm):
+    """A cluster's name changes under the wizard's rules and refusals (clusters/validators.py)."""
+
+    def clean_name(self) -> str:
+        name = self.cleaned_data["name"]
+        validate_cluster_name(name)
+        if Cluster.objects.exclude(pk=self.instance.pk).filter(name=name).exists():
+            raise ValidationError(name_taken(name))
+        return name
 
 
 @admin.register(Cluster)
 class ClusterAdmin(admin.ModelAdmin):
-    """Records only: states change through the cluster's page and the API, which run the jobs that make them true."""
+    """Records only: the name can be changed; everything else changes through the cluster's page and the
+    API (the network through Change the network, which moves every member's address with it), which
+    run the jobs that make it true."""
 
+    form = ClusterForm
     list_display = ["name", "state", "network", "restart_attempt", "next_retry_at", "created_at"]
     list_filter = ["state"]
     search_fields = ["name"]
-    readonly_fields = ["state", "state_reason", "state_changed_at", "start_attempts", "restart_attempt", "next_retry_at",
-                       "last_status", "last_status_at"]
+    readonly_fields = ["state", "state_reason", "state_changed_at", "network", "runtime_version", "ray_port",
+                       "start_attempts", "restart_attempt", "next_retry_at", "last_status", "last_status_at"]
     inlines = [MemberInline]
+
+    def has_add_permission(self, request):
+        return False  # clusters are created by the wizard or the API, which check the machines and start it
 
 
 @admin.register(ClusterMember)
-class ClusterMemberAdmin(admin.ModelAdmin):
+class ClusterMemberAdmin(RecordAdmin):
+    """Who is in which cluster: Add machines and Remove from cluster change it."""
+
     list_display = ["machine", "cluster", "role", "state", "address"]
     list_filter = ["state", "role"]
 

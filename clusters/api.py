@@ -16,6 +16,7 @@ from clusters import planning, selectors, services, steps
 from clusters.choices import MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, Transfer
 from clusters.pages import network_view
+from console import api, params
 from console.models import Job
 
 
@@ -137,7 +138,7 @@ class ChangeNetworkSerializer(serializers.Serializer):
 
 
 class AddMachinesSerializer(serializers.Serializer):
-    machines = serializers.ListField(child=serializers.IntegerField(), allow_empty=True, help_text="Machine ids, as in join-candidates/")
+    machines = api.id_list_field(allow_empty=True, help_text="Machine ids, as in join-candidates/")
 
 
 class HealthCheckSerializer(serializers.ModelSerializer):
@@ -172,21 +173,50 @@ class JoinCandidatePageSerializer(serializers.Serializer):
 
 class ClusterCreateSerializer(serializers.Serializer):
     name = serializers.CharField(allow_blank=True)
-    machines = serializers.ListField(child=serializers.IntegerField(), allow_empty=True)
-    head = serializers.IntegerField(required=False, allow_null=True)
+    machines = api.id_list_field(allow_empty=True)
+    head = api.IdField(required=False, allow_null=True)
     network = serializers.CharField(help_text="The subnet as CIDR, one of GET networks/")
 
 
 class NetworkTestSerializer(serializers.Serializer):
-    machines = serializers.ListField(child=serializers.IntegerField(), min_length=2)
-    head = serializers.IntegerField(required=False)
+    machines = api.id_list_field(min_length=2)
+    head = api.IdField(required=False, help_text="The machine the others are measured from; the suggested head when left out")
 
 
-def _machine_ids(raw: str) -> list[int]:
-    try:
-        return [int(part) for part in raw.split(",") if part.strip()]
-    except ValueError:
-        raise serializers.ValidationError({"machines": "Give machine ids separated by commas: ?machines=3,4"}) from None
+class NetworkTestStartedSerializer(serializers.Serializer):
+    job = serializers.IntegerField(help_text="The test's job: GET networks/ with the same machines shows its figures")
+    state = serializers.CharField()
+    head = serializers.IntegerField()
+
+
+class NetworkMemberSerializer(serializers.Serializer):
+    machine = serializers.IntegerField()
+    name = serializers.CharField()
+    interface = serializers.CharField()
+    address = serializers.CharField()
+    speed_mbps = serializers.IntegerField(allow_null=True)
+
+
+class SharedNetworkSerializer(serializers.Serializer):
+    subnet = serializers.CharField()
+    management = serializers.BooleanField(help_text="It carries the console's traffic or the default route")
+    vpn = serializers.BooleanField()
+    link_speed_mbps = serializers.IntegerField(allow_null=True, help_text="The slowest link's speed")
+    measured_mbps = serializers.FloatField(allow_null=True, help_text="The slowest link as the last test measured it")
+    errors = serializers.ListField(child=serializers.CharField(), help_text="What the last test could not measure")
+    members = NetworkMemberSerializer(many=True)
+
+
+class NetworkTestStateSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    state = serializers.CharField()
+
+
+class NetworksSerializer(serializers.Serializer):
+    head = serializers.IntegerField(allow_null=True)
+    suggested = serializers.CharField(allow_null=True, help_text="The subnet the wizard suggests")
+    test = NetworkTestStateSerializer(allow_null=True, help_text="The last network test from this head, if any")
+    networks = SharedNetworkSerializer(many=True)
 
 
 class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -303,12 +333,13 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         parameters=[OpenApiParameter("machine_id", int, OpenApiParameter.PATH, description="The machine's id")],
         request=None, responses={200: ClusterJobSerializer},
     )
-    @action(detail=True, methods=["delete"], url_path=r"machines/(?P<machine_id>[0-9]+)")
+    @action(detail=True, methods=["delete"], url_path=r"machines/(?P<machine_id>[0-9]{1,19})")
     def remove_machine(self, request, pk=None, machine_id=None):
         """Remove a machine from a stopped cluster's record (nothing runs, so nothing is stopped). Answers
         the cluster as it is now: when the head left, the machine with the most accelerators leads."""
         cluster = self.get_object()
-        services.cluster_member_remove(cluster=cluster, machine_id=int(machine_id), user=request.user)
+        machine_id = params.parse_int(machine_id, name="machine_id")
+        services.cluster_member_remove(cluster=cluster, machine_id=machine_id, user=request.user)
         return self._answer(cluster, None)
 
     @extend_schema(request=None, responses={200: HealthCheckSerializer(many=True)})
@@ -355,24 +386,21 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
                          "results": JoinCandidateSerializer(rows, many=True).data})
 
     @extend_schema(
-        parameters=[OpenApiParameter("machines", str, description="Machine ids, comma separated"),
-                    OpenApiParameter("head", int, required=False)],
-        request=NetworkTestSerializer,
+        methods=["GET"], request=None, responses={200: NetworksSerializer},
+        parameters=[OpenApiParameter("machines", str, required=True, description="Machine ids, comma separated: 3,4"),
+                    OpenApiParameter("head", int, required=False, description="The machine measured from")],
     )
+    @extend_schema(methods=["POST"], request=NetworkTestSerializer, responses={202: NetworkTestStartedSerializer})
     @action(detail=False, methods=["get", "post"])
     def networks(self, request):
         """GET: the networks the machines share, with marks, measured figures and the suggestion.
         POST: run the bandwidth test between the head and every other machine (202, then GET again)."""
         if request.method == "POST":
-            data = NetworkTestSerializer(data=request.data)
-            data.is_valid(raise_exception=True)
-            ids = data.validated_data["machines"]
-            head = data.validated_data.get("head") or planning.suggest_head(selectors.candidates(ids))
-            job = services.network_probe_start(machine_ids=ids, head_id=head, user=request.user)
-            return Response({"job": job.pk, "state": job.state, "head": head}, status=status.HTTP_202_ACCEPTED)
-        ids = _machine_ids(request.query_params.get("machines", ""))
+            return self._network_test_start(request)
+        ids = params.id_list(request.query_params.getlist("machines"), name="machines")
+        head = params.int_param(request.query_params, "head")
         picked, _ = services.cluster_plan_check(machine_ids=ids, head_id=None)
-        head = int(request.query_params["head"]) if request.query_params.get("head", "").isdigit() else planning.suggest_head(picked)
+        head = head or planning.suggest_head(picked)
         view = network_view({"picked": ids, "head": head, "network": "", "probe": None}, picked=picked)
         if view["no_network"]:
             raise DjangoValidationError({"machines": planning.NO_SHARED_NETWORK})
@@ -395,3 +423,11 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
                 for n in view["networks"]
             ],
         })
+
+    def _network_test_start(self, request) -> Response:
+        data = NetworkTestSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        ids = data.validated_data["machines"]
+        head = data.validated_data.get("head") or planning.suggest_head(selectors.candidates(ids))
+        job = services.network_probe_start(machine_ids=ids, head_id=head, user=request.user)
+        return Response({"job": job.pk, "state": job.state, "head": head}, status=status.HTTP_202_ACCEPTED)

@@ -16,8 +16,8 @@ class ClustersConfig(AppConfig):
         from machines.signals import machine_reconnected, machine_went_offline
 
         live.register("clusters", pages.render_clusters_topic)
-        live.register("cluster", pages.render_cluster_topic)
-        live.register("probe", pages.render_probe_topic)
+        live.register("cluster", pages.render_cluster_topic, takes=live.an_id)
+        live.register("probe", pages.render_probe_topic, takes=live.an_id)
 
         # Every operation on a cluster survives its worker: the reaper hands it to another one.
         task = "clusters.tasks.cluster_job"

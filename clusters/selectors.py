@@ -11,6 +11,7 @@ from django.db.models import Count, Min, Prefetch, Q, QuerySet, Sum
 from clusters import planning, policy
 from clusters.choices import MemberState, Role
 from clusters.models import Cluster, ClusterMember, NetworkMeasurement, RuntimeImage, Transfer, head_first
+from console import params
 from console.choices import JOB_ACTIVE
 from console.models import Job
 from machines.choices import MachineState
@@ -192,13 +193,13 @@ class MachineFilter:
     page: int = 1
 
     @classmethod
-    def from_params(cls, params) -> "MachineFilter":
-        """From a query string; anything malformed is ignored rather than refused (it only narrows a list)."""
-        page = params.get("page", "")
-        state = params.get("state", "")
-        return cls(q=params.get("q", "").strip()[:63], kind=params.get("kind", "")[:50],
+    def from_params(cls, query) -> "MachineFilter":
+        """From a query string. Words that match nothing are ignored (they only narrow a list); a page
+        that is not a number is refused (console.params), one past the last shows the last."""
+        state = query.get("state", "")
+        return cls(q=params.text_param(query, "q", max_length=63), kind=params.text_param(query, "kind", max_length=50),
                    state=state if state in {AVAILABLE, *MachineState.values} else "",
-                   page=int(page) if page.isascii() and page.isdigit() and len(page) < 6 else 1)
+                   page=params.int_param(query, "page", default=1))
 
     @property
     def narrowed(self) -> bool:

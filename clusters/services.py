@@ -12,12 +12,11 @@ else (None: the console itself acts, as a task or beat).
 """
 from __future__ import annotations
 
-import re
 from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -26,6 +25,7 @@ from clusters.choices import CHECKED, CheckTrigger, ClusterState, MemberState, R
 from clusters.lifecycle import cluster_changed, cluster_locked, cluster_transition, members_transition
 from clusters.models import Cluster, ClusterMember
 from clusters.transfer import transfers_reset
+from clusters.validators import name_taken, validate_cluster_name
 from console import live, roles
 from console.choices import JOB_ACTIVE
 from console.jobs import job_start, task_enqueue
@@ -35,24 +35,27 @@ from machines.choices import MachineState
 from machines.models import Machine
 
 CHECK_TASK = "clusters.tasks.cluster_check"
-_NAME_CHARS = re.compile(r"[a-z0-9-]+")
+JUST_TAKEN = "One of these machines was just put in another cluster; look again."
 
 
 # -- what the wizard checks -----------------------------------------------------------------------
 
 
 def cluster_name_check(name: str) -> None:
-    """DNS-label rules, each refusal naming the rule it broke."""
-    if not name:
-        raise ValidationError({"name": "Enter a cluster name."})
-    if len(name) > 63:
-        raise ValidationError({"name": f"A cluster name is at most 63 characters; this one has {len(name)}."})
-    if not _NAME_CHARS.fullmatch(name):
-        raise ValidationError({"name": "A cluster name uses only lowercase letters, digits and hyphens (like gpu-room)."})
-    if name[0] == "-" or name[-1] == "-":
-        raise ValidationError({"name": "A cluster name starts and ends with a letter or a digit."})
+    """The name's rules (``validators.validate_cluster_name``), and that no cluster has it yet."""
+    try:
+        validate_cluster_name(name)
+    except ValidationError as exc:
+        raise ValidationError({"name": exc.messages}) from None
     if Cluster.objects.filter(name=name).exists():
-        raise ValidationError({"name": f"There is already a cluster named {name}; pick another name."})
+        raise ValidationError({"name": name_taken(name)})
+
+
+def _refuse_unknown(machine_ids: list[int], found) -> None:
+    """A ValidationError naming every id in ``machine_ids`` that is not in ``found`` (no machine has it)."""
+    missing = sorted(set(machine_ids) - set(found))
+    if missing:
+        raise ValidationError({"machines": f"No machine has the id {', '.join(map(str, missing))}."})
 
 
 def cluster_plan_check(*, machine_ids: list[int], head_id: int | None) -> tuple[list[planning.Candidate], dict]:
@@ -60,9 +63,7 @@ def cluster_plan_check(*, machine_ids: list[int], head_id: int | None) -> tuple[
     if not machine_ids:
         raise ValidationError({"machines": "Pick at least one machine."})
     picked = selectors.candidates(machine_ids)
-    missing = set(machine_ids) - {c.id for c in picked}
-    if missing:
-        raise ValidationError({"machines": f"No machine has the id {', '.join(map(str, sorted(missing)))}."})
+    _refuse_unknown(machine_ids, {c.id for c in picked})
     if head_id is not None and head_id not in machine_ids:
         raise ValidationError({"head": "The head must be one of the picked machines."})
     verdicts = planning.pick_check(picked, selectors.image_builds(), head_id=head_id)
@@ -93,27 +94,39 @@ def cluster_create(*, name: str, machine_ids: list[int], head_id: int | None, ne
             {"network": f"{network or 'That'} is not a network all of these machines share; pick one of {', '.join(networks)}."}
         )
     addresses = {member.machine_id: member.address for member in networks[network].members}
+    try:
+        with transaction.atomic():
+            return _cluster_write(name=name, network=network, picked=picked, head_id=head_id, addresses=addresses, user=user)
+    except IntegrityError:
+        # A request that passed the same checks wrote first: refuse as the checks would now.
+        cluster_name_check(name)
+        raise ValidationError({"machines": JUST_TAKEN}) from None
+
+
+def _cluster_write(*, name: str, network: str, picked: list[planning.Candidate], head_id: int, addresses: dict[int, str],
+                   user=None) -> Cluster:
+    """The cluster's rows and its start job, in the caller's transaction."""
+    machine_ids = [c.id for c in picked]
+    # Lock the machines so that two wizards cannot put one machine in two clusters.
+    locked = {m.pk: m for m in Machine.objects.select_for_update().filter(pk__in=machine_ids)}
+    taken = ClusterMember.objects.filter(machine_id__in=machine_ids).select_related("machine", "cluster")
+    if taken:
+        t = taken[0]
+        raise ValidationError({"machines": f"{t.machine.name} is in the cluster {t.cluster.name}: take it out of that cluster before you pick it."})
+    cluster = Cluster.objects.create(name=name, network=network)
     builds = selectors.image_builds()
-    with transaction.atomic():
-        # Lock the machines so that two wizards cannot put one machine in two clusters.
-        locked = {m.pk: m for m in Machine.objects.select_for_update().filter(pk__in=machine_ids)}
-        taken = ClusterMember.objects.filter(machine_id__in=machine_ids).select_related("machine", "cluster")
-        if taken:
-            t = taken[0]
-            raise ValidationError({"machines": f"{t.machine.name} is in the cluster {t.cluster.name}: take it out of that cluster before you pick it."})
-        cluster = Cluster.objects.create(name=name, network=network)
-        for candidate in picked:
-            build = planning.runtime_for(candidate, builds)
-            ClusterMember.objects.create(
-                cluster=cluster,
-                machine=locked[candidate.id],
-                role=Role.HEAD if candidate.id == head_id else Role.WORKER,
-                address=addresses[candidate.id],
-                runtime_image_id=build.id if build else None,
-            )
-        _start_job(cluster=cluster, user=user)
-        for machine in locked.values():
-            live.push("machines", part=str(machine.pk))
+    for candidate in picked:
+        build = planning.runtime_for(candidate, builds)
+        ClusterMember.objects.create(
+            cluster=cluster,
+            machine=locked[candidate.id],
+            role=Role.HEAD if candidate.id == head_id else Role.WORKER,
+            address=addresses[candidate.id],
+            runtime_image_id=build.id if build else None,
+        )
+    _start_job(cluster=cluster, user=user)
+    for machine in locked.values():
+        live.push("machines", part=str(machine.pk))
     return cluster
 
 
@@ -323,15 +336,13 @@ def cluster_add_machines(*, cluster: Cluster, machine_ids: list[int], user=None)
             names = ", ".join(Machine.objects.filter(pk__in=already).values_list("name", flat=True))
             raise ValidationError({"machines": f"{names} already belongs to {cluster.name}."})
         verdicts = {c.id: (c, v) for c, v in selectors.cluster_join_verdicts(cluster, machine_ids)}
-        missing = [i for i in machine_ids if i not in verdicts]
-        if missing:
-            raise ValidationError({"machines": f"No machine has the id {', '.join(map(str, missing))}."})
+        _refuse_unknown(machine_ids, verdicts)
         refusals = [verdicts[i][1].refusal for i in machine_ids if not verdicts[i][1].selectable]
         if refusals:
             raise ValidationError({"machines": refusals})
         locked = {m.pk: m for m in Machine.objects.select_for_update().filter(pk__in=machine_ids)}
         if ClusterMember.objects.filter(machine_id__in=machine_ids).exists():
-            raise ValidationError({"machines": "One of these machines was just put in another cluster; look again."})
+            raise ValidationError({"machines": JUST_TAKEN})
         added = []
         for machine_id in machine_ids:
             _, verdict = verdicts[machine_id]
@@ -482,8 +493,9 @@ def network_probe_start(*, machine_ids: list[int], head_id: int, user=None) -> J
     """Measure every shared network between the head and each other machine (the wizard's live test)."""
     actions.TEST_NETWORKS.offer(roles.acting(user)).check()
     picked = selectors.candidates(machine_ids)
+    _refuse_unknown(machine_ids, {c.id for c in picked})
     if len(picked) < 2:
-        raise ValidationError("A network test needs at least two machines.")
+        raise ValidationError({"machines": "A network test needs at least two machines."})
     if head_id not in {c.id for c in picked}:
         raise ValidationError({"head": "The head must be one of the picked machines."})
     networks = planning.shared_networks(picked)

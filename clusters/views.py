@@ -17,6 +17,7 @@ from django_htmx.http import HttpResponseClientRedirect
 from clusters import actions, pages, planning, selectors, services
 from clusters.choices import ClusterState, Role
 from clusters.models import Cluster
+from console import params
 from console.roles import role_of
 from machines.choices import MachineState
 from machines.models import short_model
@@ -24,28 +25,15 @@ from machines.models import short_model
 STEPS = ["name", "machines", "network"]
 
 
-def _ids(raw) -> list[int]:
-    ids = []
-    for value in raw:
-        for part in str(value).split(","):
-            if part.strip().isdigit():
-                ids.append(int(part))
-    return list(dict.fromkeys(ids))
-
-
-def _head(raw: str | None) -> int | None:
-    return int(raw) if raw and raw.isdigit() else None
-
-
 # -- the wizard ------------------------------------------------------------------------------------
 
 
-def wizard_state(params) -> dict:
-    """Everything the wizard knows, from the query string: so a reload or the back button loses nothing."""
-    name = params.get("name", "").strip()
-    picked = _ids(params.getlist("machines"))
-    return {"name": name, "picked": picked, "head": _head(params.get("head")), "network": params.get("network", ""),
-            "probe": _head(params.get("probe"))}
+def wizard_state(query) -> dict:
+    """Everything the wizard knows, from the query string: so a reload or the back button loses nothing.
+    Ids are parsed strictly (console.params): a malformed one is a 400 that names it."""
+    return {"name": query.get("name", "").strip(), "picked": params.id_list(query.getlist("machines"), name="machines"),
+            "head": params.int_param(query, "head"), "network": query.get("network", ""),
+            "probe": params.int_param(query, "probe")}
 
 
 def cluster_new(request):
@@ -162,7 +150,7 @@ def cluster_list(request):
 
 def cluster_detail(request, pk: int):
     cluster = get_object_or_404(Cluster, pk=pk)
-    selected = _head(request.GET.get("machine"))
+    selected = params.int_param(request.GET, "machine")
     context = pages.cluster_page(cluster, selected, role=role_of(request.user)) | {"live_topics": f"topic=cluster:{pk}"}
     return render(request, "clusters/cluster_detail.html", context)
 
@@ -228,9 +216,9 @@ def cluster_delete(request, pk: int):
 def cluster_add(request, pk: int):
     """Add machines to a running cluster: every machine outside it, with the reason when it cannot join."""
     cluster = _cluster_or_404(pk)
-    picked, errors = _ids(request.GET.getlist("machines")), []
+    picked, errors = params.id_list(request.GET.getlist("machines"), name="machines"), []
     if request.method == "POST":
-        picked = _ids(request.POST.getlist("machines"))
+        picked = params.id_list(request.POST.getlist("machines"), name="machines")
         try:
             job = services.cluster_add_machines(cluster=cluster, machine_ids=picked, user=request.user)
         except ValidationError as exc:
@@ -297,7 +285,7 @@ def cluster_network(request, pk: int):
         else:
             messages.success(request, f"Moving {cluster.name} to {network}: it restarts on it.")
         return redirect(cluster)
-    probe = _head(request.GET.get("probe"))
+    probe = params.int_param(request.GET, "probe")
     probe_job = selectors.probe_job(probe)
     role = role_of(request.user)
     context = (pages.cluster_cards(cluster, role=role, status=False) | pages.network_offers(role)

@@ -257,9 +257,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["console.permissions.HasRole"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    # JSON bodies only, read within bounds (size, depth); ?page= parsed strictly (console/api.py).
+    "DEFAULT_PARSER_CLASSES": ["console.api.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "console.api.PageNumberPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Every operation's schema lists the errors it answers too (console/schema.py).
+    "DEFAULT_SCHEMA_CLASS": "console.schema.ConsoleAutoSchema",
     "EXCEPTION_HANDLER": "console.api.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer", "console.api.BrowsableAPIRenderer"],
 }

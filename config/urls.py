@@ -15,8 +15,8 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("users/", views.user_list, name="users"),
     path("users/add/", views.user_add, name="user-add"),
-    path("users/<int:pk>/role/", views.user_role, name="user-role"),
-    path("users/<int:pk>/active/", views.user_active, name="user-active"),
+    path("users/<id:pk>/role/", views.user_role, name="user-role"),
+    path("users/<id:pk>/active/", views.user_active, name="user-active"),
     path("machines/", include("machines.urls")),
     path("clusters/", include("clusters.urls")),
     path("deployments/", include("deployments.urls")),
@@ -28,3 +28,9 @@ urlpatterns = [
     # Pages without an icon link of their own (the admin's, the API's) make browsers ask for this.
     path("favicon.ico", login_not_required(RedirectView.as_view(url=static("favicon.svg"), permanent=True))),
 ]
+
+# Errors: JSON with a message under /api/, a page in the console's shell elsewhere (console/errors.py).
+handler400 = "console.errors.bad_request"
+handler403 = "console.errors.permission_denied"
+handler404 = "console.errors.not_found"
+handler500 = "console.errors.server_error"

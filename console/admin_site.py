@@ -1,9 +1,10 @@
 """The Django admin, for Administrators only.
 
-It writes records without going through the services, so only the role that may do everything
-uses it; Viewers and Operators read the same records on the console's pages and in the API. What
-an Administrator may change there is then the admin's own business: model permissions, which the
-Administrator group holds in full (console/roles.py).
+It writes records without going through the services' jobs, so only the role that may do everything
+uses it; Viewers and Operators read the same records on the console's pages and in the API. Even
+an Administrator changes there only what the services would let them, validated by the same rules
+(the apps' admin.py: what only the console writes is read-only). Which models they see is model
+permissions, which the Administrator group holds in full (console/roles.py).
 """
 from django.contrib.admin import AdminSite
 from django.contrib.admin.apps import AdminConfig

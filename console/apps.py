@@ -7,7 +7,9 @@ class ConsoleConfig(AppConfig):
     verbose_name = "Console"
 
     def ready(self) -> None:
-        from console import accounts, audit_signals, dashboard, live_sessions, logins, roles, views
+        from django.urls import register_converter
+
+        from console import accounts, audit_signals, dashboard, live_sessions, logins, params, roles, views
         from console.audit import audit_prune
         from console.jobs import jobs_prune
         from console.pruning import register_pruner
@@ -20,3 +22,5 @@ class ConsoleConfig(AppConfig):
         audit_signals.connect_signals()
         logins.connect_signals()
         post_migrate.connect(roles.groups_sync_after_migrate, sender=self, dispatch_uid="console-groups-sync")
+        # <id:pk> in every app's URLs: an id within the database's range (console/params.py).
+        register_converter(params.IdConverter, "id")

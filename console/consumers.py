@@ -15,15 +15,16 @@ class LiveConsumer(AsyncWebsocketConsumer):
         if not (user and user.is_authenticated):
             await self.close(code=live_sessions.SESSION_ENDED)
             return
-        query = parse_qs(self.scope.get("query_string", b"").decode())
-        self.topics = [t for t in query.get("topic", [])[:MAX_TOPICS] if live.parse_topic(t)]
-        allowed = await database_sync_to_async(lambda: all(live.may_see(user, t) for t in self.topics))()
-        if not self.topics or not allowed:
-            await self.close(code=4403)
-            return
-        await self.join_own_groups(user)
+        # Every topic is checked before the socket joins any group: a refused one subscribes to nothing.
+        topics = self._topics_asked()
         # The cards come rendered for the user's role: its buttons say what that role may press.
         role = await database_sync_to_async(roles.role_of)(user)
+        allowed = role is not None and topics and await database_sync_to_async(lambda: all(live.may_see(user, t) for t in topics))()
+        if not allowed:
+            await self.close(code=4403)
+            return
+        self.topics = topics
+        await self.join_own_groups(user)
         self.groups = [live.group_name(topic, role) for topic in self.topics]
         for group in self.groups:
             await self.channel_layer.group_add(group, self.channel_name)
@@ -32,6 +33,15 @@ class LiveConsumer(AsyncWebsocketConsumer):
         for topic in self.topics:
             for html in await database_sync_to_async(live.render_topic)(topic, "", role):
                 await self.send(text_data=html)
+
+    def _topics_asked(self) -> list[str]:
+        """The topics in the query string; none at all when one is unknown or malformed (``machine:abc``)
+        or more than MAX_TOPICS are asked for, so that a refused socket subscribes to nothing."""
+        query = parse_qs(self.scope.get("query_string", b"").decode(errors="replace"))
+        topics = query.get("topic", [])
+        if len(topics) > MAX_TOPICS or not all(live.parse_topic(topic) for topic in topics):
+            return []
+        return topics
 
     async def join_own_groups(self, user) -> None:
         """Join the user's and the session's groups: the socket closes when they end (console/live_sessions.py)."""

@@ -18,10 +18,11 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from django.db import connection, transaction
 
-from console import pubsub, roles
+from console import params, pubsub, roles
 
 log = logging.getLogger(__name__)
 
@@ -29,22 +30,57 @@ log = logging.getLogger(__name__)
 # live cards; part "" means all of them, another part (a row's id, say) lets a push send only what changed.
 Renderer = Callable[[str, str, roles.Role], list[str]]
 Checker = Callable[[object, str], bool]  # (user, topic argument) -> may this user see it, beyond having a role
-
-_renderers: dict[str, tuple[Renderer, Checker]] = {}
-_TOPIC = re.compile(r"^([a-z][a-z-]{0,31})(?::([0-9a-z-]{1,64}))?$")
+ArgRule = Callable[[str], bool]  # topic argument -> is it one this kind of topic takes
 
 
-def register(kind: str, renderer: Renderer, *, may_see: Checker | None = None) -> None:
-    """Register the renderer of a topic kind (``machine`` for ``machine:12``). Every role may watch
-    every topic; ``may_see`` narrows it further (which arguments the topic takes, say)."""
-    _renderers[kind] = (renderer, may_see or (lambda user, arg: True))
+@dataclass(frozen=True)
+class TopicKind:
+    renderer: Renderer
+    may_see: Checker
+    takes: ArgRule
+
+
+_kinds: dict[str, TopicKind] = {}
+_TOPIC = re.compile(r"([a-z][a-z-]{0,31})(?::([0-9a-z-]{1,64}))?")
+
+
+def no_arg(arg: str) -> bool:
+    """A topic of one thing only: ``clusters``."""
+    return arg == ""
+
+
+def an_id(arg: str) -> bool:
+    """A topic of one object: ``machine:12``, its id within the database's range and written as pushes
+    write it (``machine:012`` would subscribe to a group no push reaches)."""
+    try:
+        return str(params.parse_int(arg, name="topic")) == arg
+    except params.InvalidParameter:
+        return False
+
+
+def one_of(*args: str) -> ArgRule:
+    """A topic with a few named views: ``one_of("", "summary")`` for ``machines`` and ``machines:summary``."""
+    return lambda arg: arg in args
+
+
+def _anyone(user, arg: str) -> bool:
+    return True
+
+
+def register(kind: str, renderer: Renderer, *, may_see: Checker | None = None, takes: ArgRule = no_arg) -> None:
+    """Register the renderer of a topic kind (``machine`` for ``machine:12``) and the arguments it
+    takes (``an_id``): a topic whose argument the kind does not take is refused before anything
+    subscribes to it or renders it. Every role may watch every topic; ``may_see`` narrows it further."""
+    _kinds[kind] = TopicKind(renderer=renderer, may_see=may_see or _anyone, takes=takes)
 
 
 def parse_topic(topic: str) -> tuple[str, str] | None:
-    match = _TOPIC.match(topic)
-    if not match or match.group(1) not in _renderers:
+    """``(kind, argument)`` of a topic some app registered with an argument it takes, else None."""
+    match = _TOPIC.fullmatch(topic)
+    if not match or match.group(1) not in _kinds:
         return None
-    return match.group(1), match.group(2) or ""
+    kind, arg = match.group(1), match.group(2) or ""
+    return (kind, arg) if _kinds[kind].takes(arg) else None
 
 
 def group_name(topic: str, role: roles.Role) -> str:
@@ -54,13 +90,13 @@ def group_name(topic: str, role: roles.Role) -> str:
 
 def render_topic(topic: str, part: str, role: roles.Role) -> list[str]:
     kind, arg = parse_topic(topic)
-    return _renderers[kind][0](arg, part, role)
+    return _kinds[kind].renderer(arg, part, role)
 
 
 def may_see(user, topic: str) -> bool:
     """Anyone with a role, for a topic that exists (and whose own check, if any, agrees)."""
     parsed = parse_topic(topic)
-    return bool(parsed) and roles.role_of(user) is not None and _renderers[parsed[0]][1](user, parsed[1])
+    return bool(parsed) and roles.role_of(user) is not None and _kinds[parsed[0]].may_see(user, parsed[1])
 
 
 def push(topic: str, part: str = "") -> None:

@@ -9,7 +9,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.views.decorators.http import require_POST
 
-from console import audit
+from console import audit, params
 from console import dashboard as panels
 from console import roles, users
 from console.choices import AuditOutcome
@@ -34,8 +34,9 @@ def recent_jobs(request) -> dict:
 def audit_list(request):
     """Who did what, newest first: Administrators only."""
     audit.may_read(request.user).check()
-    shown = {name: request.GET.get(name, "").strip()[:100] for name in ("user", "outcome", "action")}
-    page = Paginator(audit.audit_entries(**shown), AUDIT_PAGE_SIZE).get_page(request.GET.get("page"))
+    shown = {"user": params.text_param(request.GET, "user"), "action": params.text_param(request.GET, "action"),
+             "outcome": params.choice_param(request.GET, "outcome", AuditOutcome.values)}
+    page = Paginator(audit.audit_entries(**shown), AUDIT_PAGE_SIZE).get_page(params.int_param(request.GET, "page", default=1))
     return render(request, "console/audit_list.html", {"page": page, "entries": page.object_list, "outcomes": AuditOutcome.choices,
                                                         "filters": shown, "filtered": any(shown.values())})
 
@@ -47,7 +48,7 @@ def user_list(request, form: UserAddForm | None = None):
     """Every account with its role, last login and whether it may sign in; an Administrator's page."""
     role = roles.role_of(request.user)
     roles.MANAGE_USERS.offer(role).check()
-    page = Paginator(get_user_model().objects.order_by("username"), USERS_PAGE_SIZE).get_page(request.GET.get("page"))
+    page = Paginator(get_user_model().objects.order_by("username"), USERS_PAGE_SIZE).get_page(params.int_param(request.GET, "page", default=1))
     held = roles.roles_held(page.object_list)
     rows = [{"user": user, "role": held[user.pk], "offer": users.user_offer(user, by=request.user, role=role)}
             for user in page.object_list]

@@ -1,22 +1,19 @@
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 
+from console.admin import RecordAdmin, RecordInline
 from machines import services
 from machines.models import Accelerator, Machine, MachineEvent, NetworkInterface
 
 
-class AcceleratorInline(admin.TabularInline):
+class AcceleratorInline(RecordInline):
     model = Accelerator
-    extra = 0
-    readonly_fields = ["index", "vendor", "model", "memory_mib", "uuid", "pci_bus_id"]
-    can_delete = False
+    fields = ["index", "vendor", "model", "memory_mib", "uuid", "pci_bus_id"]
 
 
-class InterfaceInline(admin.TabularInline):
+class InterfaceInline(RecordInline):
     model = NetworkInterface
-    extra = 0
-    readonly_fields = ["name", "kind", "addresses", "speed_mbps", "default_route", "management", "mac", "mtu", "state"]
-    can_delete = False
+    fields = ["name", "kind", "addresses", "speed_mbps", "default_route", "management", "mac", "mtu", "state"]
 
 
 @admin.register(Machine)
@@ -27,9 +24,9 @@ class MachineAdmin(admin.ModelAdmin):
     readonly_fields = [
         "state", "state_reason", "state_changed_at", "host_key_fingerprint", "offered_host_key_fingerprint",
         "arch", "hostname", "cpu_count", "memory_mib", "store_path", "store_free_bytes", "store_total_bytes",
-        "container_runtime", "agent_version", "agent_path", "facts", "facts_at", "heartbeat_token_hash",
+        "container_runtime", "agent_version", "agent_path", "python_path", "facts", "facts_at", "heartbeat_token_hash",
         "last_seen", "created_at",
-    ]
+    ]  # what enrolment, heartbeats and health checks write; the rest is validated as Add a machine does (the model's validators)
     inlines = [AcceleratorInline, InterfaceInline]
     actions = ["refresh_facts"]
 
@@ -49,19 +46,19 @@ class MachineAdmin(admin.ModelAdmin):
 
 
 @admin.register(MachineEvent)
-class MachineEventAdmin(admin.ModelAdmin):
+class MachineEventAdmin(RecordAdmin):
     list_display = ["created_at", "machine", "kind", "message"]
     list_filter = ["kind"]
     search_fields = ["machine__name", "message"]
 
 
 @admin.register(Accelerator)
-class AcceleratorAdmin(admin.ModelAdmin):
+class AcceleratorAdmin(RecordAdmin):
     list_display = ["machine", "index", "vendor", "model", "memory_mib"]
     list_filter = ["vendor", "model"]
 
 
 @admin.register(NetworkInterface)
-class NetworkInterfaceAdmin(admin.ModelAdmin):
+class NetworkInterfaceAdmin(RecordAdmin):
     list_display = ["machine", "name", "kind", "speed_mbps", "default_route", "management"]
     list_filter = ["kind"]

@@ -8,6 +8,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from console import api
 from console.models import Job
 from machines import services
 from machines.models import Accelerator, Machine, NetworkInterface
@@ -80,7 +81,7 @@ class MachineSerializer(serializers.ModelSerializer):
 class MachineCreateSerializer(serializers.Serializer):
     name = serializers.CharField(validators=[validate_machine_name])
     address = serializers.CharField(validators=[validate_address])
-    ssh_port = serializers.IntegerField(default=22, min_value=1, max_value=65535)
+    ssh_port = api.IntegerField(default=22, min_value=1, max_value=65535)
     ssh_user = serializers.CharField(default="root", validators=[validate_ssh_user])
     host_key_fingerprint = serializers.CharField(
         required=False, allow_blank=True, validators=[validate_fingerprint],

@@ -11,8 +11,9 @@ class MachinesConfig(AppConfig):
         from console.pruning import register_pruner
         from machines import services, views
 
-        live.register("machines", views.render_machines_topic, may_see=views.may_see_machines_topic)
-        live.register("machine", views.render_machine_topic)
+        live.register("machines", views.render_machines_topic, may_see=views.may_see_machines_topic,
+                      takes=live.one_of("", "summary"))
+        live.register("machine", views.render_machine_topic, takes=live.an_id)
         # The dashboard shows the summary live (machines:summary sends nothing else) and the last events.
         dashboard.register(
             dashboard.Panel(

@@ -2,6 +2,7 @@
 from django import forms
 from django.core.exceptions import ValidationError
 
+from console.forms import IntegerField
 from machines import services
 from machines.validators import validate_fingerprint
 
@@ -9,7 +10,7 @@ from machines.validators import validate_fingerprint
 class MachineForm(forms.Form):
     name = forms.CharField(max_length=255, help_text="Lowercase letters, digits and hyphens, like gpu-01.")
     address = forms.CharField(max_length=255, help_text="The IP address or host name the console reaches it at.")
-    ssh_port = forms.IntegerField(label="SSH port", initial=22, min_value=1, max_value=65535)
+    ssh_port = IntegerField(label="SSH port", initial=22, min_value=1, max_value=65535)
     ssh_user = forms.CharField(label="SSH user", initial="root", max_length=255)
 
     def clean(self):

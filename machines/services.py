@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.timesince import timesince
 
@@ -117,20 +117,30 @@ def machine_create(
                 "Check the address, or the fingerprint you were given."
             }
         )
-    with transaction.atomic():
-        machine.offered_host_key_fingerprint = "" if host_key_fingerprint else offered
-        machine.state = MachineState.ENROLLING if host_key_fingerprint else MachineState.HOST_KEY
-        machine.save()
-        machine_event(
-            machine=machine,
-            kind=EventKind.HOST_KEY,
-            message=f"Host key {offered} " + ("confirmed when the machine was added." if host_key_fingerprint else "offered on first contact."),
-        )
-        if host_key_fingerprint:
-            machine_enrol_start(machine=machine, user=user)
-        live.push("machines", part=f"new-{machine.pk}")
-        machines_summary_changed()
+    try:
+        with transaction.atomic():
+            _machine_add(machine, offered=offered, confirmed=bool(host_key_fingerprint), user=user)
+    except IntegrityError:
+        # Another request added a machine of this name since the check above: the same refusal as the check.
+        machine.validate_unique()
+        raise
     return machine
+
+
+def _machine_add(machine: Machine, *, offered: str, confirmed: bool, user=None) -> None:
+    """Write the new machine and its first event; enrol it at once when its host key was confirmed."""
+    machine.offered_host_key_fingerprint = "" if confirmed else offered
+    machine.state = MachineState.ENROLLING if confirmed else MachineState.HOST_KEY
+    machine.save()
+    machine_event(
+        machine=machine,
+        kind=EventKind.HOST_KEY,
+        message=f"Host key {offered} " + ("confirmed when the machine was added." if confirmed else "offered on first contact."),
+    )
+    if confirmed:
+        machine_enrol_start(machine=machine, user=user)
+    live.push("machines", part=f"new-{machine.pk}")
+    machines_summary_changed()
 
 
 def machine_trust_host_key(*, machine: Machine, fingerprint: str, user=None) -> Job:
@@ -270,17 +280,21 @@ def _same_address(a: str, b: str) -> bool:
         return a == b
 
 
-def machine_heartbeat(*, token: str, payload: dict) -> Machine | None:
-    """A heartbeat from a machine's agent: it is alive. An Offline machine comes back Healthy.
-
-    Returns None for a token no machine holds.
-    """
+def machine_by_heartbeat_token(token: str) -> Machine | None:
+    """The machine that holds ``token`` (its hash), or None. Read before anything else of a heartbeat,
+    so that nobody without a token gets the console to parse what they sent."""
     if not token or len(token) > 200:
         return None
     digest = hashlib.sha256(token.encode()).hexdigest()
+    return Machine.objects.only("pk").filter(heartbeat_token_hash=digest).first()
+
+
+def machine_heartbeat(*, machine: Machine, payload: dict) -> Machine | None:
+    """A heartbeat from a machine's agent (``machine_by_heartbeat_token`` found it): it is alive. An
+    Offline machine comes back Healthy. None when the machine was deleted meanwhile."""
     now = timezone.now()
     with transaction.atomic():
-        machine = Machine.objects.select_for_update().filter(heartbeat_token_hash=digest).first()
+        machine = Machine.objects.select_for_update().filter(pk=machine.pk).first()
         if machine is None:
             return None
         was_seen = machine.last_seen

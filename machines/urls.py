@@ -7,8 +7,8 @@ app_name = "machines"
 urlpatterns = [
     path("", views.machine_list, name="list"),
     path("add/", views.machine_add, name="add"),
-    path("<int:pk>/", views.machine_detail, name="detail"),
-    path("<int:pk>/refresh/", views.machine_refresh, name="refresh"),
-    path("<int:pk>/trust-host-key/", views.machine_trust_host_key, name="trust-host-key"),
-    path("<int:pk>/delete/", views.machine_delete, name="delete"),
+    path("<id:pk>/", views.machine_detail, name="detail"),
+    path("<id:pk>/refresh/", views.machine_refresh, name="refresh"),
+    path("<id:pk>/trust-host-key/", views.machine_trust_host_key, name="trust-host-key"),
+    path("<id:pk>/delete/", views.machine_delete, name="delete"),
 ]

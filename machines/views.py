@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from console import roles
+from console import params, roles
 from console.models import Job
 from machines import actions, remote, services
 from machines.choices import MachineState
@@ -54,14 +54,14 @@ def _filtered(request):
     state = request.GET.get("state", "")
     if state in MachineState.values:
         machines = machines.filter(state=state)
-    if query := request.GET.get("q", "").strip()[:100]:
+    if query := params.text_param(request.GET, "q"):
         machines = machines.filter(name__icontains=query) | machines.filter(address__icontains=query)
     return machines, state, query
 
 
 def machine_list(request):
     machines, state, query = _filtered(request)
-    page = Paginator(machines, PAGE_SIZE).get_page(request.GET.get("page"))
+    page = Paginator(machines, PAGE_SIZE).get_page(params.int_param(request.GET, "page", default=1))
     return render(
         request,
         "machines/machine_list.html",

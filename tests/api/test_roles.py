@@ -5,6 +5,7 @@ Tasks are never run here: what the services leave for after commit (the jobs' ta
 is only counted, as a sign that the action went ahead. Reaching a machine over SSH (the host key
 scan of Add a machine) answers from ``machine_offers``.
 """
+import re
 from dataclasses import dataclass
 from html import unescape
 
@@ -199,3 +200,15 @@ def test_every_action_a_role_guards_is_in_the_matrix():
     waits for deployments; Check now and Test networks are the same Actions on other pages)."""
     declared = {value for module in (cluster_actions, machine_actions) for value in vars(module).values() if isinstance(value, Action)}
     assert declared - {c.action for c in CASES} == {cluster_actions.DEPLOY}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.api], ids=lambda c: c.name)
+def test_the_schema_lists_the_403_a_role_below_each_api_call_gets(api_client, case):
+    """The fuzzer holds every answer to the schema: a role's refusal must be one the schema describes."""
+    schema = api_client.get("/api/schema/?format=json").json()
+    method, url, _ = case.api
+    pattern = re.compile(re.sub(r"\\\{[^}]+\\\}", r"\\{[^}]+\\}", re.escape(url)) + "$")
+    [path] = [path for path in schema["paths"] if pattern.match(path)]
+
+    refused = schema["paths"][path][method]["responses"]["403"]
+    assert refused["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}

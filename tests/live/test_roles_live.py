@@ -1,5 +1,6 @@
 """Live cards for each role: an account without one opens no topic, and every role gets the cards
 rendered for it, on connect and after a change, one render per role that watches."""
+import dataclasses
 import re
 
 import pytest
@@ -78,10 +79,10 @@ def test_each_role_gets_the_cards_rendered_for_it_on_connect_and_after_a_change(
 def test_a_push_renders_once_for_each_role_that_watches_and_not_for_the_others(monkeypatch, django_capture_on_commit_callbacks):
     machine = MachineFactory()
     watched = {live.group_name(f"machine:{machine.pk}", role) for role in (VIEWER, ADMINISTRATOR)}
-    renderer, may_see = live._renderers["machine"]
+    kind = live._kinds["machine"]
     rendered_for, sent_to = [], []
-    monkeypatch.setitem(live._renderers, "machine",
-                        (lambda arg, part, role: rendered_for.append(role) or renderer(arg, part, role), may_see))
+    monkeypatch.setitem(live._kinds, "machine", dataclasses.replace(
+        kind, renderer=lambda arg, part, role: rendered_for.append(role) or kind.renderer(arg, part, role)))
     monkeypatch.setattr(pubsub, "watched", lambda group: group in watched)
     monkeypatch.setattr(pubsub, "send", lambda group, message: sent_to.append(group))
 

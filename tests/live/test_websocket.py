@@ -1,4 +1,6 @@
 """The live websocket: who may open it, what it sends on connect, and what it pushes after a commit."""
+import dataclasses
+
 import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
@@ -198,9 +200,10 @@ def test_nothing_is_rendered_while_nobody_watches_and_a_watcher_that_connects_ge
     from console import live
 
     machine, cookie = MachineFactory(state=MachineState.HEALTHY), session_cookie()
-    renderer, may_see = live._renderers["machine"]
+    kind = live._kinds["machine"]
     renders = []
-    monkeypatch.setitem(live._renderers, "machine", (lambda arg, part, role: renders.append(part) or renderer(arg, part, role), may_see))
+    monkeypatch.setitem(live._kinds, "machine", dataclasses.replace(
+        kind, renderer=lambda arg, part, role: renders.append(part) or kind.renderer(arg, part, role)))
 
     def goes(state, reason=""):
         return in_a_transaction(lambda: services.machine_transition(machine=machine, to=state, reason=reason))

@@ -50,7 +50,7 @@ def renders(monkeypatch):
         calls.append((arg, part))
         return [f'<div id="card-{arg}" hx-swap-oob="true">{len(calls)}</div>']
 
-    monkeypatch.setitem(live._renderers, "probe-card", (render, lambda user, arg: True))
+    monkeypatch.setitem(live._kinds, "probe-card", live.TopicKind(render, may_see=lambda user, arg: True, takes=live.an_id))
     return calls
 
 

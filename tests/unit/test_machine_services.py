@@ -57,7 +57,7 @@ H100_FACTS = {
 def beat(machine: Machine, payload: dict | None = None):
     token, token_hash = services.heartbeat_token_new()
     Machine.objects.filter(pk=machine.pk).update(heartbeat_token_hash=token_hash)
-    return services.machine_heartbeat(token=token, payload=payload or {})
+    return services.machine_heartbeat(machine=services.machine_by_heartbeat_token(token), payload=payload or {})
 
 
 # -- going offline, coming back ------------------------------------------------------------
@@ -140,17 +140,24 @@ def test_heartbeat_of_a_healthy_machine_records_no_event():
 
 
 @pytest.mark.parametrize("token", ["not-a-token-any-machine-holds", "", "x" * 500])
-def test_heartbeat_with_a_token_no_machine_holds_returns_none(token):
+def test_a_token_no_machine_holds_finds_no_machine(token):
     _, token_hash = services.heartbeat_token_new()
-    machine = MachineFactory(last_seen=None, heartbeat_token_hash=token_hash)  # it holds a token, just not this one
+    MachineFactory(last_seen=None, heartbeat_token_hash=token_hash)  # it holds a token, just not this one
 
-    assert services.machine_heartbeat(token=token, payload={}) is None
-    assert Machine.objects.get(pk=machine.pk).last_seen is None
+    assert services.machine_by_heartbeat_token(token) is None
 
 
 def test_a_machine_without_a_token_does_not_answer_to_an_empty_one():
     MachineFactory(heartbeat_token_hash="")
-    assert services.machine_heartbeat(token="", payload={}) is None
+    assert services.machine_by_heartbeat_token("") is None
+
+
+def test_a_heartbeat_of_a_machine_deleted_meanwhile_finds_no_machine():
+    machine = MachineFactory()
+    found = Machine.objects.get(pk=machine.pk)
+    machine.delete()
+
+    assert services.machine_heartbeat(machine=found, payload={}) is None
 
 
 # -- facts -----------------------------------------------------------------------------------
