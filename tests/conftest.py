@@ -15,12 +15,18 @@ pytest_plugins = ["tests.lab_fixtures"]
 def pytest_collection_modifyitems(config, items):
     """The lab's tests first (after pytest-django has put them in its order): under ``make test``
     (``-n 2 --dist loadgroup --no-loadscope-reorder``) their worker starts on them at once, and the
-    other worker runs everything else beside them. tests/lab_fixtures.py puts them in one group."""
+    other worker runs everything else beside them. tests/lab_fixtures.py puts them in one group. The sort is
+    stable: within each part, and within each lab module, pytest-django's order holds."""
     grouped = [item for item in items if item.get_closest_marker("xdist_group")]
     if getattr(config.option, "loadgroup", False) and any("@" not in item.nodeid for item in grouped):
         raise pytest.UsageError("pytest-xdist did not group the lab's tests (they would run in two workers at once, "
                                 "on one lab): use the pytest version pyproject.toml pins")
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)  # stable: each part keeps its order
+    items.sort(key=lambda item: (item.get_closest_marker("xdist_group") is None, LAB_FIRST.get(item.module.__name__, 1)))
+
+
+# Lab modules that mostly wait (on timeouts, heartbeats and Ray's health checks) go first, while the
+# other worker keeps the CPUs busy; those that start clusters as fast as the CPUs allow come after.
+LAB_FIRST = {"tests.integration.test_cluster_life_lab": 0, "tests.integration.test_enrol_lab": 0}
 
 
 @pytest.fixture(scope="module")
