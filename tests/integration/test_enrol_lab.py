@@ -1,4 +1,5 @@
 """Enrolment against the lab's machines: real SSH, the real agent, real heartbeats over HTTP."""
+import http.client
 import time
 
 import pytest
@@ -8,6 +9,7 @@ from console.models import Job
 from machines import services
 from machines.choices import EventKind, MachineState
 from machines.models import Machine
+from tests.processes import console_processes
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
@@ -91,6 +93,21 @@ def test_the_agent_sends_heartbeats_to_the_console(lab_machine, console_url, sho
     beat = wait_for(lambda: Machine.objects.filter(pk=machine.pk, last_seen__gt=enrolled_at).exists(), timeout=25)
 
     assert beat, "no heartbeat reached the console within 25 s"
+
+
+def test_machines_stay_healthy_behind_a_console_with_faden_secure(lab_machine, settings, short_heartbeats):
+    """FADEN_SECURE=true sends browsers and the API to https; the machines' own endpoints stay plain HTTP, so
+    their heartbeats still land (a console process, since the setting is read when the process starts)."""
+    with console_processes(env={"FADEN_SECURE": "true"}) as console:
+        settings.FADEN_CONSOLE_URL = console.env["FADEN_CONSOLE_URL"]
+        machine = enrol(lab_machine, "lab-b")
+        since = timezone.now()
+
+        assert wait_for(lambda: Machine.objects.filter(pk=machine.pk, last_seen__gt=since).exists(), timeout=25), \
+            "no heartbeat reached the console within 25 s"
+        redirect = http.client.HTTPConnection("127.0.0.1", console.port, timeout=10)
+        redirect.request("GET", "/login/")
+        assert redirect.getresponse().status == 301  # a browser is sent to https
 
 
 def test_enrolling_twice_installs_nothing_new(lab_machine, console_url):
