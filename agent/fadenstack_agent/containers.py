@@ -324,7 +324,12 @@ def is_no_such_container(output: str) -> bool:
 
 def parse_state(output: str) -> dict:
     """``inspect --format '{{json .State}}'`` -> ``{"status", "running",
-    "exit_code", "started_at", "finished_at", "error", "oom_killed"}``."""
+    "exit_code", "started_at", "finished_at", "error", "oom_killed"}``.
+
+    A failed ``inspect`` (exit status not 0) is first told apart with
+    ``is_no_such_container``: a missing container is a state, not an error.
+    Times are the engine's own strings (Docker and Podman differ in zones).
+    """
     try:
         state = json.loads((output or "").strip())
     except ValueError:

@@ -129,7 +129,8 @@ def test_private_ipc_carries_the_shared_memory_size_ray_advises():
     size = containers.ray_shm_size_mib(64 * 1024 ** 3)
     assert size == int(64 * 1024 * 0.3)
     argv = run(Engine("docker"), ipc="private", shm_size_mib=size)
-    assert argv[argv.index("--ipc"):argv.index("--ipc") + 4] == ["--ipc", "private", "--shm-size", "%dm" % size]
+    at = argv.index("--ipc")
+    assert argv[at:at + 4] == ["--ipc", "private", "--shm-size", "%dm" % size]
 
 
 @pytest.mark.parametrize("kwargs", [{"ipc": "private"}, {"ipc": "private", "shm_size_mib": 1},
@@ -238,7 +239,8 @@ def test_bad_arguments_of_the_other_commands_are_refused(call):
     ("Loaded image ID: sha256:" + "ab" * 32 + "\n", ["sha256:" + "ab" * 32]),
     ("Loaded image: a:1\nLoaded image: a:latest\n", ["a:1", "a:latest"]),
     ("Getting image source signatures\nCopying blob 5f70bf18a086 done\nCopying config 1c2d done\n"
-     "Writing manifest to image destination\nStoring signatures\nLoaded image: localhost/faden-runtime:2.0.1\n",
+     "Writing manifest to image destination\nStoring signatures\n"
+     "Loaded image: localhost/faden-runtime:2.0.1\n",
      ["localhost/faden-runtime:2.0.1"]),
     ("Loaded image(s): localhost/a:1,localhost/a:latest\n", ["localhost/a:1", "localhost/a:latest"]),
 ])
@@ -308,8 +310,8 @@ DOCKER_PS = "\n".join(json.dumps(row) for row in [
      "State": "exited"},
 ]) + "\n"
 PODMAN_PS = json.dumps([
-    {"Id": "1a2b", "Names": ["fadenstack-alpha"], "Labels": {"fadenstack.cluster": "alpha",
-                                                             "fadenstack.machine": "lab-a"}, "State": "running"},
+    {"Id": "1a2b", "Names": ["fadenstack-alpha"], "State": "running",
+     "Labels": {"fadenstack.cluster": "alpha", "fadenstack.machine": "lab-a"}},
     {"Id": "3c4d", "Names": ["fadenstack-beta"], "Labels": {"fadenstack.cluster": "beta"}, "State": "exited"},
     {"Id": "5e6f", "Names": ["someone-elses"], "Labels": {"fadenstack.cluster": "gamma"}, "State": "exited"},
 ], indent=4)
