@@ -26,3 +26,9 @@ def time_left(transfer) -> str:
         return "—"
     seconds = remaining / transfer.rate
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+@register.filter
+def machines_count(count) -> str:
+    """"both machines" for two, "all 5 machines" for more: the networks' sentences of the wizard and the network page."""
+    return "both machines" if count == 2 else f"all {count} machines"
