@@ -1,10 +1,11 @@
 """The runtime image store on the server: importing builds, what the machines need, download tokens.
 
-A runtime image is a tar archive whose first member is ``manifest.json``; the
-server keeps each build as ``DATA_DIR/runtime-images/<sha256>.img`` with a
-``RuntimeImage`` row holding the sha256 of the file and of every 8 MiB chunk
-(machines check each chunk as it arrives, so that a dropped transfer resumes
-at its last verified chunk).
+A runtime image is a container image archive (docker-archive, as ``docker save``
+and ``podman save`` write it) labelled with what the console needs to know of
+the build (``LABELS``; docs/runtime-images.md). The server keeps each build as
+``DATA_DIR/runtime-images/<sha256>.img`` with a ``RuntimeImage`` row holding
+the sha256 of the file and of every 8 MiB chunk (machines check each chunk as
+it arrives, so that a dropped transfer resumes at its last verified chunk).
 """
 from __future__ import annotations
 
@@ -34,8 +35,10 @@ from machines.models import Accelerator, Machine
 
 CHUNK_SIZE = 8 * 1024 * 1024
 MANIFEST_NAME = "manifest.json"
-MANIFEST_MAX_BYTES = 64 * 1024  # a manifest is a few hundred bytes; more is not a manifest
+MANIFEST_MAX_BYTES = 256 * 1024  # an image's manifest or config is a few KiB; more is not one
 MANIFEST_FIELDS = ("name", "version", "arch", "accelerator_vendor", "certified")
+# Where each field is read from: the image's labels (docs/runtime-images.md).
+LABELS = {field: "org.fadenstack.runtime." + field.replace("_", "-") for field in MANIFEST_FIELDS}
 
 TOKEN_SALT = "runtime-image"
 
@@ -56,7 +59,8 @@ def store_dir() -> Path:
 
 
 def runtime_image_manifest_read(*, path: Path) -> dict:
-    """The validated manifest of a runtime image file; ValidationError in plain words when it is not one."""
+    """What the console needs to know of a runtime image file, from its labels; ValidationError in
+    plain words when the file is not a loadable image archive or its labels do not say."""
     path = Path(path)
     shown = path.name
 
@@ -67,32 +71,63 @@ def runtime_image_manifest_read(*, path: Path) -> dict:
         raise ValidationError(f"No such file: {path}", code="missing")
     if not path.is_file():
         raise refuse("it is a directory or a special file, not a file.")
+    with path.open("rb") as file:
+        magic = file.read(6)
+    if magic[:2] == b"\x1f\x8b" or magic[:3] == b"BZh" or magic == b"\xfd7zXZ\x00" or magic[:4] == b"\x28\xb5\x2f\xfd":
+        raise refuse("it is a compressed file; the machines fetch an image in verified chunks, so import the "
+                     "uncompressed archive (`docker save` or `podman save` writes one).", code="compressed")
     try:
-        with tarfile.open(path, mode="r:*") as archive:
-            first = archive.next()
-            if first is None:
+        with tarfile.open(path, mode="r:") as archive:
+            members = {member.name.removeprefix("./"): member for member in archive}
+            if not members:
                 raise refuse("it is an empty tar archive.")
-            if first.name.removeprefix("./") != MANIFEST_NAME:
-                raise refuse(f"its first member is {first.name}, not {MANIFEST_NAME}.")
-            if not first.isfile() or first.size > MANIFEST_MAX_BYTES:
-                raise refuse(f"its {MANIFEST_NAME} is not a small plain file.")
-            raw = archive.extractfile(first).read()
+
+            def small_json(name: str, what: str):
+                member = members.get(name)
+                if member is None or not member.isfile():
+                    raise refuse(f"it has no {what} ({name}): it is not an image archive "
+                                 "(`docker save` or `podman save` writes one).")
+                if member.size > MANIFEST_MAX_BYTES:
+                    raise refuse(f"its {name} is {member.size} bytes, too big for {what}.")
+                try:
+                    return json.loads(archive.extractfile(member).read())
+                except (ValueError, UnicodeDecodeError) as exc:
+                    raise refuse(f"its {name} is not JSON ({exc}).") from exc
+
+            index = small_json(MANIFEST_NAME, "image manifest")
+            if not isinstance(index, list) or len(index) != 1 or not isinstance(index[0], dict):
+                count = len(index) if isinstance(index, list) else "no"
+                raise refuse(f"it holds {count} images; a runtime image file holds exactly one.")
+            entry = index[0]
+            layers = entry.get("Layers")
+            if not isinstance(entry.get("Config"), str) or not isinstance(layers, list) or not layers:
+                raise refuse(f"its {MANIFEST_NAME} names no config or no layers.")
+            missing = [name for name in layers if not isinstance(name, str) or name.removeprefix("./") not in members]
+            if missing:
+                raise refuse(f"it lacks the layer {missing[0]} its {MANIFEST_NAME} names.")
+            config = small_json(entry["Config"].removeprefix("./"), "image config")
     except tarfile.TarError as exc:
         raise refuse("it is empty." if path.stat().st_size == 0 else "it is not a tar archive.") from exc
     except (OSError, EOFError) as exc:
         raise refuse(f"it cannot be read as a tar archive ({exc}).") from exc
-    try:
-        manifest = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise refuse(f"its {MANIFEST_NAME} is not JSON ({exc}).") from exc
-    if not isinstance(manifest, dict):
-        raise refuse(f"its {MANIFEST_NAME} is not a JSON object.")
-    missing = [field for field in MANIFEST_FIELDS if field not in manifest]
+    labels = (config.get("config") or {}).get("Labels") if isinstance(config, dict) else None
+    manifest = manifest_from_labels(labels if isinstance(labels, dict) else {})
+    missing = [LABELS[field] for field in MANIFEST_FIELDS if field not in manifest]
     if missing:
-        raise refuse(f"its {MANIFEST_NAME} lacks {', '.join(missing)}.", code="manifest_incomplete")
+        raise refuse(f"its labels lack {', '.join(missing)} (docs/runtime-images.md says how to label a build).",
+                     code="manifest_incomplete")
     problems = _manifest_problems(manifest)
     if problems:
-        raise refuse(f"its {MANIFEST_NAME} has {'; '.join(problems)}.", code="manifest_invalid")
+        raise refuse(f"its labels have {'; '.join(problems)}.", code="manifest_invalid")
+    return manifest
+
+
+def manifest_from_labels(labels: dict) -> dict:
+    """The fields the console keeps, from the image's labels (absent labels stay absent)."""
+    manifest = {field: labels[label] for field, label in LABELS.items() if label in labels}
+    if "certified" in manifest:
+        certified = str(manifest["certified"]).strip().lower()
+        manifest["certified"] = {"true": True, "false": False}.get(certified, manifest["certified"])
     return manifest
 
 

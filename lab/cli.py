@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from . import core, faults, images
 from .state import LabState, state_dir_from_env
@@ -45,9 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     fault.add_argument("machine")
     fault.add_argument("kind")
     fault.add_argument("args", nargs="*", metavar="ARG")
-    made = commands.add_parser("images", help="write the lab's runtime image files (NVIDIA x86_64 and aarch64)")
-    made.add_argument("--size-mib", type=int, default=images.DEFAULT_SIZE_MIB,
-                      help=f"payload size of each image (default {images.DEFAULT_SIZE_MIB})")
+    made = commands.add_parser("images", help="build the lab's runtime images (NVIDIA x86_64 and aarch64): "
+                                              "Debian, Python and Ray, cached by their inputs")
+    made.add_argument("--synthetic-mib", type=int, metavar="MIB",
+                      help="instead, images whose one layer is MIB of random bytes: for tests that move "
+                           "images but never run them (the process driver)")
     made.add_argument("--out", metavar="DIR", help="where to write them (default: <state dir>/images)")
     return parser
 
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         elif options.command == "fault":
             print(faults.apply_fault(state, options.machine, options.kind, options.args))
         elif options.command == "images":
-            print(make_images(options.out or state.root / "images", options.size_mib))
+            print(make_images(options.out or state.root / "images", options.synthetic_mib))
     except LabError as error:
         print(f"faden lab {options.command}: {error}", file=sys.stderr)
         return error.exit_code
@@ -89,14 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def make_images(out_dir, size_mib: int) -> str:
+def make_images(out_dir, synthetic_mib: int | None) -> str:
     """The paths alone on stdout (``faden runtime-images import $(faden lab images)``); notes on stderr."""
-    if size_mib < 1:
-        raise UsageError("--size-mib must be at least 1")
-    made = images.images_make(out_dir, size_mib)
+    if synthetic_mib is not None and synthetic_mib < 1:
+        raise UsageError("--synthetic-mib must be at least 1")
+    started = time.monotonic()
+    made = images.images_make(out_dir, synthetic_mib)
     for path, written in made:
-        if not written:
-            print(f"faden lab images: {path.name} is already there at {size_mib} MiB: kept", file=sys.stderr)
+        note = "built" if written else "already there from the same layers: kept"
+        print(f"faden lab images: {path.name} ({path.stat().st_size / 2**20:.0f} MiB) {note}", file=sys.stderr)
+    print(f"faden lab images: {time.monotonic() - started:.1f}s", file=sys.stderr)
     return "\n".join(str(path) for path, _ in made)
 
 

@@ -96,10 +96,12 @@ class Lab:
     def machine(self, name: str) -> dict:
         return self.machines()[name]
 
-    def images(self, size_mib: int, out: str | Path | None = None) -> list[Path]:
-        """The lab's runtime image files (kept when already there at that size)."""
+    def images(self, synthetic_mib: int | None = None, out: str | Path | None = None) -> list[Path]:
+        """The lab's runtime image files: the real builds, or synthetic ones of ``synthetic_mib`` (kept
+        when already there from the same layers)."""
         out = Path(out or self.state_dir / "images")
-        made = self.run("images", "--size-mib", str(size_mib), "--out", str(out)).stdout
+        size = ["--synthetic-mib", str(synthetic_mib)] if synthetic_mib is not None else []
+        made = self.run("images", *size, "--out", str(out)).stdout
         return [Path(line.split()[-1]) for line in made.splitlines() if line.strip().endswith(".img")]
 
     # -- faults -------------------------------------------------------------------------------------

@@ -1,26 +1,52 @@
-"""Runtime image files for the lab: real tar archives the console imports and the machines move.
+"""The lab's runtime images: real container images, docker-archive files that ``docker load`` and
+``podman load`` read and the console imports.
 
-Each is ``manifest.json`` first (what the console and the agent read), then
-``payload.bin`` of random bytes standing in for Ray and the engine, so that
-transfers, resumes and chunk checks work on bytes that do not compress or
-repeat. One build per NVIDIA platform the lab's machines have, none for AMD:
-the lab's AMD machine is the one with no certified runtime.
+A build is two layers: a minimal Debian root file system made from Debian's packages by
+``mmdebstrap`` (with Python), and Ray from PyPI (installed for that Python by pip, for the image's
+platform, without running anything inside it). Each layer is cached by its inputs under the cache
+directory (``FADEN_LAB_CACHE``, default ``~/.cache/fadenstack-lab``), so a second build takes
+seconds. What the console needs to know of a build lives in the image's labels (``LABELS``).
+
+One build per NVIDIA platform the lab's machines have, none for AMD: the lab's AMD machine is the
+one with no certified runtime. The lab's aarch64 machine is this x86 host behind a stub ``uname``,
+so its build carries the same x86_64 binaries under the aarch64 label (lab/README.md).
+
+For tests that move images but never run them (the ``process`` driver), ``synthetic`` builds are
+loadable archives of the same labels whose one layer is random bytes of a chosen size.
 """
 
 from __future__ import annotations
 
-import io
+import hashlib
 import json
 import os
-import tarfile
-import time
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
+from . import archive
+from .util import LabError
+
 MIB = 1024 * 1024
-DEFAULT_SIZE_MIB = 256
 VERSION = "2.1.0"
-RANDOM_BLOCK = 4 * MIB  # os.urandom in blocks this big: fast, and little memory
+RECIPE = 1  # raise when the steps below change what a layer holds
+DEBIAN_SUITE = "bookworm"
+DEBIAN_PACKAGES = ("python3", "ca-certificates", "procps", "iproute2")
+PYTHON = ("3.11", "cp311")  # bookworm's python3
+PIP_PLATFORM = {"x86_64": "manylinux2014_x86_64", "aarch64": "manylinux2014_aarch64"}
+RAY_DIR = "/opt/fadenstack/ray"
+LABEL = "org.fadenstack.runtime."
+RAY_WRAPPER = b"""#!/usr/bin/python3
+# Ray's command line, for the Ray installed in %s.
+import sys
+from ray.scripts.scripts import main
+sys.exit(main())
+""" % RAY_DIR.encode()
 
 
 @dataclass(frozen=True)
@@ -33,6 +59,15 @@ class Build:
     def file_name(self) -> str:
         return f"{self.accelerator_vendor}-{self.arch}-runtime-{VERSION}.img"
 
+    @property
+    def tag(self) -> str:
+        return f"localhost/fadenstack-runtime:{VERSION}-{self.accelerator_vendor}-{self.arch}"
+
+    def labels(self, ray_version: str) -> dict[str, str]:
+        return {f"{LABEL}name": self.name, f"{LABEL}version": VERSION, f"{LABEL}arch": self.arch,
+                f"{LABEL}accelerator-vendor": self.accelerator_vendor, f"{LABEL}certified": "true",
+                f"{LABEL}ray-version": ray_version}
+
 
 BUILDS = (
     Build(name="NVIDIA x86_64 Runtime", arch="x86_64", accelerator_vendor="nvidia"),
@@ -40,70 +75,119 @@ BUILDS = (
 )
 
 
-class _RandomBytes(io.RawIOBase):
-    """A file-like source of random bytes for tarfile to copy from."""
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        return os.urandom(size)
+def cache_dir() -> Path:
+    return Path(os.environ.get("FADEN_LAB_CACHE") or Path.home() / ".cache" / "fadenstack-lab")
 
 
-def manifest_bytes(build: Build) -> bytes:
-    manifest = {
-        "name": build.name,
-        "version": VERSION,
-        "arch": build.arch,
-        "accelerator_vendor": build.accelerator_vendor,
-        "certified": True,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    return json.dumps(manifest, indent=2).encode() + b"\n"
+def ray_version() -> str:
+    """The Ray the lab runs from: the images carry the same, so the lab's Ray and theirs agree."""
+    return metadata.version("ray")
 
 
-def expected_size(build: Build, payload_bytes: int) -> int:
-    """The file's size in bytes: the same layout tarfile writes (headers, 512-byte blocks, end, record)."""
-
-    def blocks(n: int) -> int:
-        return -(-n // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
-
-    body = (tarfile.BLOCKSIZE + blocks(len(manifest_bytes(build)))
-            + tarfile.BLOCKSIZE + blocks(payload_bytes) + 2 * tarfile.BLOCKSIZE)
-    return -(-body // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
+def _key(*parts) -> str:
+    return hashlib.sha256(json.dumps([RECIPE, *parts]).encode()).hexdigest()[:16]
 
 
-def image_write(path: Path, build: Build, payload_bytes: int) -> None:
-    """Write one image to ``path``: to a ``.part`` file renamed at the end, so a half-written one never shows."""
-    partial = path.with_name(path.name + ".part")
-    now = int(time.time())
-    manifest = manifest_bytes(build)
-    try:
-        with tarfile.open(partial, "w", format=tarfile.PAX_FORMAT, copybufsize=RANDOM_BLOCK) as archive:
-            info = tarfile.TarInfo("manifest.json")
-            info.size, info.mtime, info.mode = len(manifest), now, 0o644
-            archive.addfile(info, io.BytesIO(manifest))
-            info = tarfile.TarInfo("payload.bin")
-            info.size, info.mtime, info.mode = payload_bytes, now, 0o644
-            archive.addfile(info, _RandomBytes())
-        # A new file (a new inode) replaces the old: a console that hard-linked the old one keeps it intact.
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+def _cached_layer(name: str, key: str, make) -> archive.Layer:
+    """The layer ``name-key`` from the cache, made by ``make(out_path)`` when it is not there."""
+    directory = cache_dir() / "layers"
+    directory.mkdir(parents=True, exist_ok=True)
+    path, meta = directory / f"{name}-{key}.tar.gz", directory / f"{name}-{key}.json"
+    if path.is_file() and meta.is_file():
+        return archive.Layer(path=path, diff_id=json.loads(meta.read_text())["diff_id"])
+    layer = make(path)
+    meta.write_text(json.dumps({"diff_id": layer.diff_id}))
+    return layer
 
 
-def images_make(out_dir: Path, size_mib: int = DEFAULT_SIZE_MIB) -> list[tuple[Path, bool]]:
-    """Write the lab's runtime images into ``out_dir``: ``(path, written)``; files already there whole are kept."""
-    if size_mib < 1:
-        raise ValueError("the image size must be at least 1 MiB")
+def _run(argv: list[str], what: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise LabError(f"{what} failed ({argv[0]} exited {done.returncode}): {(done.stderr or done.stdout).strip()[-800:]}")
+
+
+def debian_layer() -> archive.Layer:
+    """Debian's minimal root file system with Python, from Debian's packages."""
+    def make(out: Path) -> archive.Layer:
+        if not shutil.which("mmdebstrap"):
+            raise LabError("building the lab's runtime image needs mmdebstrap (apt-get install mmdebstrap)")
+        with tempfile.TemporaryDirectory(prefix="fadenstack-rootfs-") as work:
+            rootfs = Path(work) / "rootfs.tar"
+            _run(["mmdebstrap", "--quiet", "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
+                  DEBIAN_SUITE, str(rootfs)], "mmdebstrap")
+            return archive.layer_from_tar(rootfs, out)
+    return _cached_layer("debian", _key(DEBIAN_SUITE, DEBIAN_PACKAGES), make)
+
+
+def ray_layer(arch: str, version: str) -> archive.Layer:
+    """Ray from PyPI for the image's Python and platform, in RAY_DIR, with ``ray`` on the PATH."""
+    def make(out: Path) -> archive.Layer:
+        with tempfile.TemporaryDirectory(prefix="fadenstack-ray-") as work:
+            tree = Path(work)
+            target = tree / RAY_DIR.lstrip("/")
+            _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--disable-pip-version-check",
+                  "--target", str(target), "--platform", PIP_PLATFORM[arch], "--python-version", PYTHON[0],
+                  "--implementation", "cp", "--abi", PYTHON[1], "--only-binary=:all:", f"ray=={version}"],
+                 f"pip install ray=={version}")
+            shutil.rmtree(target / "bin", ignore_errors=True)  # scripts for this host's Python, not the image's
+            (tree / "usr/local/bin").mkdir(parents=True)
+            (tree / "usr/local/bin/ray").write_bytes(RAY_WRAPPER)
+            (tree / "usr/local/bin/ray").chmod(0o755)
+            site = tree / "usr/lib/python3/dist-packages"
+            site.mkdir(parents=True)
+            (site / "fadenstack-ray.pth").write_text(RAY_DIR + "\n")  # read even by `python3 -I`
+            return archive.layer_from_dir(tree, out)
+    return _cached_layer(f"ray-{arch}", _key(arch, version, PYTHON, PIP_PLATFORM[arch]), make)
+
+
+def synthetic_layer(out_dir: Path, size_mib: int) -> archive.Layer:
+    """One file of random bytes (bytes that neither compress nor repeat, for transfers and resumes),
+    kept beside the images it went into."""
+    path, meta = out_dir / f".synthetic-{size_mib}.tar.gz", out_dir / f".synthetic-{size_mib}.json"
+    if path.is_file() and meta.is_file():
+        return archive.Layer(path=path, diff_id=json.loads(meta.read_text())["diff_id"])
+    layer = archive.layer_from_files({"payload.bin": os.urandom(size_mib * MIB)}, path)
+    meta.write_text(json.dumps({"diff_id": layer.diff_id}))
+    return layer
+
+
+def synthetic_write(path: Path, build: Build, payload_bytes: int, **labels: str) -> Path:
+    """One synthetic image at ``path`` whose payload is ``payload_bytes`` random bytes; ``labels``
+    (field=value, as ``version="3.0.0"``) replace the build's own."""
+    with tempfile.TemporaryDirectory(prefix="fadenstack-image-") as work:
+        layer = archive.layer_from_files({"payload.bin": os.urandom(payload_bytes)}, Path(work) / "layer.tar.gz")
+        _write(path, build, [layer], "none", {LABEL + name.replace("_", "-"): value for name, value in labels.items()})
+    return path
+
+
+def _write(path: Path, build: Build, layers: list[archive.Layer], ray: str, labels: dict | None = None) -> None:
+    config = archive.image_config(arch=build.arch, labels={**build.labels(ray), **(labels or {})}, layers=layers,
+                                  env={"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+                                  cmd=["sleep", "infinity"])
+    archive.archive_write(path, tag=build.tag, config=config, layers=layers)
+
+
+def images_make(out_dir: Path, synthetic_mib: int | None = None) -> list[tuple[Path, bool]]:
+    """Write the lab's runtime images into ``out_dir``: ``(path, written)``. Real builds already there
+    from the same layers are kept; ``synthetic_mib`` writes synthetic ones of that size instead."""
+    if synthetic_mib is not None and synthetic_mib < 1:
+        raise ValueError("the synthetic payload must be at least 1 MiB")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    ray = ray_version()
     made = []
     for build in BUILDS:
+        if synthetic_mib is None:
+            layers = [debian_layer(), ray_layer(platform.machine(), ray)]  # this host's binaries (module doc)
+        else:
+            layers = [synthetic_layer(out_dir, synthetic_mib)]
         path = out_dir / build.file_name
-        if path.is_file() and path.stat().st_size == expected_size(build, size_mib * MIB):
+        stamp = out_dir / f".{build.file_name}.layers"
+        inputs = json.dumps([layer.diff_id for layer in layers])
+        if path.is_file() and stamp.is_file() and stamp.read_text() == inputs:
             made.append((path, False))
             continue
-        image_write(path, build, size_mib * MIB)
+        _write(path, build, layers, ray)
+        stamp.write_text(inputs)
         made.append((path, True))
     return made

@@ -1,9 +1,14 @@
 """Settings for the test suite: the console's settings with a throwaway data directory and eager tasks."""
 import os
 import tempfile
+import uuid
 
 os.environ.setdefault("FADEN_DATA_DIR", tempfile.mkdtemp(prefix="fadenstack-test-"))
 os.environ.setdefault("FADEN_CELERY_EAGER", "1")
+# Live pushes of this run (and of the consoles it starts, which inherit the variable) stay apart from
+# those of the other test worker and of any other console on the same Redis: a page of the browser
+# tests must not receive the rows of the lab worker's machines.
+os.environ.setdefault("FADEN_LIVE_PREFIX", f"fadenstack-test-{uuid.uuid4().hex[:8]}.live")
 
 from config.settings import *  # noqa: E402,F403
 

@@ -1,7 +1,7 @@
 """``image fetch|verify|load|list``: runtime images, a thin layer over blobs.
 
-A runtime image is a blob (``blob``) that is a tar archive whose first member
-is ``manifest.json``.  Fetching, verifying and serving it are the blob
+A runtime image is a blob (``blob``) that is a container image archive
+(docker-archive) labelled with its build (``imagearchive``).  Fetching, verifying and serving it are the blob
 commands' code, speaking of "the image"; what is the image's own is here:
 reading the manifest, and ``<store>/runtime/loaded.json``, the record of the
 image ``image load`` read last (``{"digest", "path", "manifest",
@@ -9,18 +9,15 @@ image ``image load`` read last (``{"digest", "path", "manifest",
 server (``blobserve``).
 """
 
-import json
 import os
-import tarfile
 import time
 
-from . import blob
+from . import blob, imagearchive
 from .blobstore import check_digest, list_blobs
 from .cli import DIGEST, STORE, command, group
 from .files import read_json, runtime_dir, store_dir, write_json
 from .protocol import NOT_RETRYABLE, AgentError
 
-MANIFEST_MAX = 1024 * 1024
 IMAGE_DIGEST = (DIGEST[0], dict(DIGEST[1], help="the image's sha256"))
 
 group("image", help="the runtime image store")
@@ -36,28 +33,8 @@ def read_loaded(store: str) -> dict:
 
 
 def read_manifest(path: str) -> dict:
-    """The ``manifest.json`` that must be the first member of a runtime image."""
-    try:
-        with tarfile.open(path, mode="r|") as tar:
-            member = tar.next()
-            if member is None or member.name.lstrip("./") != "manifest.json" or not member.isfile():
-                raise AgentError(NOT_RETRYABLE, "%s is not a runtime image: its first member is %r, not "
-                                                "manifest.json" % (path, member.name if member else None))
-            if member.size > MANIFEST_MAX:
-                raise AgentError(NOT_RETRYABLE, "%s: manifest.json is %d bytes, too big" % (path, member.size))
-            raw = tar.extractfile(member).read()
-    except (tarfile.TarError, OSError) as exc:
-        # Python 3.9's tarfile says "seeking backwards" where later ones find no member.
-        raise AgentError(NOT_RETRYABLE, "%s is not a runtime image (not a readable tar archive: %s)"
-                         % (path, exc))
-    try:
-        manifest = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise AgentError(NOT_RETRYABLE, "%s: manifest.json is not valid JSON: %s" % (path, exc))
-    if not isinstance(manifest, dict) or not manifest.get("name") or not manifest.get("version"):
-        raise AgentError(NOT_RETRYABLE, "%s: manifest.json must be an object with at least \"name\" "
-                                        "and \"version\"" % path)
-    return manifest
+    """What the runtime image says of itself: its labels (``imagearchive``)."""
+    return imagearchive.read_labels(path)
 
 
 # ------------------------------------------------------------------ commands

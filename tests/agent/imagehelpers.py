@@ -19,24 +19,34 @@ MiB = 1024 * 1024
 
 
 def make_image(directory, size_mib=40, chunk_size=MiB):
-    """A runtime image (tar: manifest.json, then random payload.bin) and its spec parts."""
+    """A runtime image (a docker-archive: manifest.json, the config with the build's labels, one layer
+    holding a random payload.bin) and its spec parts."""
     manifest = {"name": "faden-runtime", "version": "2.0.1", "arch": "x86_64",
-                "accelerator_vendor": "none", "certified": True, "created": "2025-01-01T00:00:00Z"}
-    path = os.path.join(str(directory), "runtime.img")
-    raw = json.dumps(manifest).encode()
-    payload = os.urandom(size_mib * MiB - 3 * 1024)
-    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
-        info = tarfile.TarInfo("manifest.json")
-        info.size = len(raw)
-        tar.addfile(info, io.BytesIO(raw))
+                "accelerator_vendor": "none", "certified": True}
+    labels = {"org.fadenstack.runtime." + k.replace("_", "-"): str(v).lower() if isinstance(v, bool) else v
+              for k, v in manifest.items()}
+    layer = io.BytesIO()
+    payload = os.urandom(size_mib * MiB - 8 * 1024)
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         info = tarfile.TarInfo("payload.bin")
         info.size = len(payload)
         tar.addfile(info, io.BytesIO(payload))
+    layer = layer.getvalue()
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": labels},
+                         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}})
+    index = json.dumps([{"Config": "config.json", "RepoTags": ["localhost/faden-runtime:2.0.1"],
+                         "Layers": ["l1/layer.tar"]}])
+    path = os.path.join(str(directory), "runtime.img")
+    with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in (("manifest.json", index.encode()), ("config.json", config.encode()), ("l1/layer.tar", layer)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     with open(path, "rb") as fh:
         data = fh.read()
     hashes = [hashlib.sha256(data[i:i + chunk_size]).hexdigest() for i in range(0, len(data), chunk_size)]
     return {"path": path, "data": data, "digest": hashlib.sha256(data).hexdigest(), "size": len(data),
-            "chunk_size": chunk_size, "chunk_hashes": hashes, "manifest": manifest}
+            "chunk_size": chunk_size, "chunk_hashes": hashes, "manifest": dict(manifest, tag="localhost/faden-runtime:2.0.1")}
 
 
 def spec_for(image, url, **extra):

@@ -26,7 +26,7 @@ def image(settings, tmp_path):
     """An imported image of 3 MiB and a bit."""
     settings.DATA_DIR = tmp_path / "data"
     path = tmp_path / "x86.img"
-    lab_images.image_write(path, lab_images.BUILDS[0], 3 * MIB + 7)
+    lab_images.synthetic_write(path, lab_images.BUILDS[0], 3 * MIB + 7)
     return images.runtime_image_import(path=path)
 
 

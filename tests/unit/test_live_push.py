@@ -1,4 +1,6 @@
 """The one push helper: after commit, once per topic and part, never on rollback."""
+import os
+
 import pytest
 from django.db import transaction
 
@@ -148,7 +150,15 @@ def test_the_group_channel_is_named_and_placed_as_channels_redis_does(settings):
 
 def test_the_live_prefix_is_the_queue_s_unless_set():
     """Consoles on one Redis server keep their pub/sub channels apart by it: one per queue by default."""
-    from config import settings as console_settings
+    import subprocess
+    import sys
 
-    assert console_settings.FADEN_LIVE_PREFIX == f"{console_settings.FADEN_CELERY_QUEUE}.live"
-    assert console_settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] == console_settings.FADEN_LIVE_PREFIX
+    def prefix(**env) -> str:
+        environ = {k: v for k, v in os.environ.items() if k not in ("FADEN_LIVE_PREFIX", "FADEN_CELERY_QUEUE")}
+        code = "from config import settings as s; print(s.CHANNEL_LAYERS['default']['CONFIG']['prefix'])"
+        return subprocess.run([sys.executable, "-c", code], env={**environ, **env}, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    assert prefix() == "fadenstack.live"
+    assert prefix(FADEN_CELERY_QUEUE="second") == "second.live"
+    assert prefix(FADEN_CELERY_QUEUE="second", FADEN_LIVE_PREFIX="own") == "own"

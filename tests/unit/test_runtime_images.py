@@ -1,4 +1,5 @@
 """The runtime image store: importing builds, what the machines need, download tokens, the command, lab builds."""
+import gzip
 import hashlib
 import io
 import json
@@ -34,20 +35,32 @@ def store(settings, tmp_path):
 
 @pytest.fixture
 def image_file(tmp_path):
-    """A real runtime image (the lab's layout) of two chunks and a bit: 9 MiB of payload and 123 bytes."""
+    """A loadable image archive with the lab's labels, of two chunks and a bit (a 9 MiB payload)."""
     path = tmp_path / "in" / "nvidia-x86_64-runtime-2.1.0.img"
     path.parent.mkdir()
-    lab_images.image_write(path, X86, 9 * MIB + 123)
-    return path
+    return lab_images.synthetic_write(path, X86, 9 * MIB + 123)
 
 
-def make_image(directory: Path, build=X86, payload_bytes=MIB, version=None, certified=True) -> Path:
-    """An image of any version: the lab's layout with the manifest rewritten."""
-    manifest = json.loads(lab_images.manifest_bytes(build))
-    manifest.update(version=version or manifest["version"], certified=certified)
-    path = directory / f"{build.accelerator_vendor}-{build.arch}-{manifest['version']}-{certified}.img"
-    make_tar(path, [("manifest.json", json.dumps(manifest).encode()), ("payload.bin", os.urandom(payload_bytes))])
-    return path
+def make_image(directory: Path, build=X86, payload_bytes=MIB, version="2.1.0", certified=True) -> Path:
+    """An image of any version, labelled as the lab labels its builds."""
+    path = directory / f"{build.accelerator_vendor}-{build.arch}-{version}-{certified}.img"
+    return lab_images.synthetic_write(path, build, payload_bytes, version=version, certified=str(certified).lower())
+
+
+def docker_archive(path: Path, *, labels: dict | None = None, manifest=None, config=None, layers=True) -> Path:
+    """An image archive as `docker save` lays one out, with any part of it replaced."""
+    layer = b"layer bytes"
+    config = config if config is not None else json.dumps({"architecture": "amd64", "os": "linux",
+                                                          "config": {"Labels": labels or {}}}).encode()
+    manifest = manifest if manifest is not None else json.dumps(
+        [{"Config": "c0ffee.json", "RepoTags": ["x:1"], "Layers": ["aa/layer.tar"]}]).encode()
+    members = [("aa/layer.tar", layer)] if layers else []
+    return make_tar(path, [*members, ("c0ffee.json", config), ("manifest.json", manifest)])
+
+
+LABELS = {"org.fadenstack.runtime.name": "NVIDIA x86_64 Runtime", "org.fadenstack.runtime.version": "2.1.0",
+          "org.fadenstack.runtime.arch": "x86_64", "org.fadenstack.runtime.accelerator-vendor": "nvidia",
+          "org.fadenstack.runtime.certified": "true"}
 
 
 def make_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
@@ -128,27 +141,29 @@ def test_importing_a_build_again_brings_back_a_lost_file(store, image_file):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(
-    "members, words",
+    "make, words",
     [
-        (None, "is not a tar archive"),
-        ([], "is an empty tar archive"),
-        ([("payload.bin", b"x" * 100), ("manifest.json", b"{}")], "its first member is payload.bin, not manifest.json"),
-        ([("manifest.json", b"not json")], "its manifest.json is not JSON"),
-        ([("manifest.json", b"[1, 2]")], "its manifest.json is not a JSON object"),
-        ([("manifest.json", json.dumps({"name": "NVIDIA x86_64 Runtime", "version": "2.1.0"}).encode())],
-         "its manifest.json lacks arch, accelerator_vendor, certified"),
-        ([("manifest.json", json.dumps({"name": "x", "version": "two", "arch": "x86_64",
-                                         "accelerator_vendor": "nvidia", "certified": "yes"}).encode())],
+        (lambda p: p.write_bytes(os.urandom(50_000)), "is not a tar archive"),
+        (lambda p: make_tar(p, []), "is an empty tar archive"),
+        (lambda p: p.write_bytes(b"\x1f\x8b" + os.urandom(100)), "it is a compressed file"),
+        (lambda p: make_tar(p, [("payload.bin", b"x" * 100)]), "it has no image manifest (manifest.json)"),
+        (lambda p: docker_archive(p, manifest=b"not json"), "its manifest.json is not JSON"),
+        (lambda p: docker_archive(p, manifest=b"[1, 2]"), "it holds 2 images; a runtime image file holds exactly one"),
+        (lambda p: docker_archive(p, labels=LABELS, layers=False), "it lacks the layer aa/layer.tar its manifest.json names"),
+        (lambda p: docker_archive(p, config=b"{"), "its c0ffee.json is not JSON"),
+        (lambda p: docker_archive(p, labels={k: v for k, v in LABELS.items() if "name" in k or "version" in k}),
+         "its labels lack org.fadenstack.runtime.arch, org.fadenstack.runtime.accelerator-vendor, "
+         "org.fadenstack.runtime.certified"),
+        (lambda p: docker_archive(p, labels={**LABELS, "org.fadenstack.runtime.version": "two",
+                                             "org.fadenstack.runtime.certified": "yes"}),
          "a bad version 'two' (numbers with dots, like 2.1.0); a bad certified 'yes' (true or false)"),
     ],
-    ids=["not-a-tar", "empty-tar", "manifest-not-first", "not-json", "not-an-object", "missing-fields", "bad-values"],
+    ids=["not-a-tar", "empty-tar", "compressed", "no-manifest", "not-json", "two-images", "missing-layer",
+         "config-not-json", "missing-labels", "bad-values"],
 )
-def test_a_file_that_is_not_a_runtime_image_is_refused_in_plain_words_and_nothing_is_stored(store, tmp_path, members, words):
+def test_a_file_that_is_not_a_runtime_image_is_refused_in_plain_words_and_nothing_is_stored(store, tmp_path, make, words):
     path = tmp_path / "suspect.img"
-    if members is None:
-        path.write_bytes(os.urandom(50_000))
-    else:
-        make_tar(path, members)
+    make(path)
 
     with pytest.raises(ValidationError) as refused:
         images.runtime_image_import(path=path)
@@ -360,8 +375,15 @@ def test_import_of_a_missing_file_or_a_bad_archive_fails_with_status_2_in_one_li
 # -- lab builds ----------------------------------------------------------------------------
 
 
-def test_the_lab_writes_one_nvidia_image_per_arch_with_the_manifest_first(tmp_path):
-    made = lab_images.images_make(tmp_path, size_mib=1)
+def test_an_archive_docker_save_lays_out_imports_with_its_labels(store, tmp_path):
+    manifest = images.runtime_image_manifest_read(path=docker_archive(tmp_path / "saved.img", labels=LABELS))
+
+    assert manifest == {"name": "NVIDIA x86_64 Runtime", "version": "2.1.0", "arch": "x86_64",
+                        "accelerator_vendor": "nvidia", "certified": True}
+
+
+def test_the_lab_writes_one_nvidia_image_per_arch_as_a_loadable_archive_with_its_labels(tmp_path):
+    made = lab_images.images_make(tmp_path, synthetic_mib=1)
 
     assert [(p.name, written) for p, written in made] == [
         ("nvidia-x86_64-runtime-2.1.0.img", True),
@@ -369,40 +391,44 @@ def test_the_lab_writes_one_nvidia_image_per_arch_with_the_manifest_first(tmp_pa
     ]
     for path, _ in made:
         with tarfile.open(path) as archive:
-            members = archive.getmembers()
-            manifest = json.load(archive.extractfile(members[0]))
-        assert [(m.name, m.size) for m in members[:1]] == [("manifest.json", members[0].size)]
-        assert [(m.name, m.size) for m in members[1:]] == [("payload.bin", MIB)]
-        assert manifest["certified"] is True and manifest["version"] == "2.1.0"
-        assert path.stat().st_size == lab_images.expected_size(X86, MIB)
-    manifests = {json.load(tarfile.open(p).extractfile("manifest.json"))["name"] for p, _ in made}
-    assert manifests == {"NVIDIA x86_64 Runtime", "NVIDIA aarch64 Runtime"}
+            names = archive.getnames()
+            [entry] = json.load(archive.extractfile("manifest.json"))
+            config = json.load(archive.extractfile(entry["Config"]))
+            layer = archive.extractfile(entry["Layers"][0]).read()
+        assert names[:2] == ["manifest.json", entry["Config"]]  # the labels come first
+        assert entry["RepoTags"] == [f"localhost/fadenstack-runtime:2.1.0-nvidia-{path.name.split('-')[1]}"]
+        assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(gzip.decompress(layer)).hexdigest()]
+        with tarfile.open(fileobj=io.BytesIO(gzip.decompress(layer))) as payload:
+            assert [(m.name, m.size) for m in payload.getmembers()] == [("payload.bin", MIB)]
+    manifests = [images.runtime_image_manifest_read(path=p) for p, _ in made]
+    assert [(m["name"], m["arch"], m["certified"]) for m in manifests] == [
+        ("NVIDIA x86_64 Runtime", "x86_64", True), ("NVIDIA aarch64 Runtime", "aarch64", True)]
     assert not any("amd" in p.name for p, _ in made)
 
 
-def test_the_lab_keeps_images_already_there_at_the_right_size(tmp_path):
-    first = lab_images.images_make(tmp_path, size_mib=1)
+def test_the_lab_keeps_images_already_there_from_the_same_layers(tmp_path):
+    first = lab_images.images_make(tmp_path, synthetic_mib=1)
     inodes = [p.stat().st_ino for p, _ in first]
 
-    again = lab_images.images_make(tmp_path, size_mib=1)
+    again = lab_images.images_make(tmp_path, synthetic_mib=1)
     assert [written for _, written in again] == [False, False]
     assert [p.stat().st_ino for p, _ in again] == inodes
 
-    bigger = lab_images.images_make(tmp_path, size_mib=2)
+    bigger = lab_images.images_make(tmp_path, synthetic_mib=2)
     assert [written for _, written in bigger] == [True, True]
     assert not list(tmp_path.glob("*.part"))
 
 
 def test_faden_lab_images_prints_the_paths(tmp_path, capsys):
-    assert lab_cli.main(["images", "--size-mib", "1", "--out", str(tmp_path)]) == 0
+    assert lab_cli.main(["images", "--synthetic-mib", "1", "--out", str(tmp_path)]) == 0
 
     assert capsys.readouterr().out.split() == [str(tmp_path / b.file_name) for b in lab_images.BUILDS]
-    assert lab_cli.main(["images", "--size-mib", "0", "--out", str(tmp_path)]) == 2
+    assert lab_cli.main(["images", "--synthetic-mib", "0", "--out", str(tmp_path)]) == 2
 
 
 @pytest.mark.django_db
 def test_a_lab_image_imports_on_the_server(store, tmp_path):
-    [(path, _), _] = lab_images.images_make(tmp_path, size_mib=1)
+    [(path, _), _] = lab_images.images_make(tmp_path, synthetic_mib=1)
 
     image = images.runtime_image_import(path=path)
 

@@ -16,6 +16,8 @@ def deploy_check_warnings(tmp_path, **env) -> set[str]:
     full_env.pop("DATABASE_URL", None)
     done = subprocess.run([sys.executable, "-m", "config.cli", "check", "--deploy"], env=full_env, capture_output=True,
                           text=True, timeout=120)
+    assert done.returncode == 0, f"`faden check --deploy` exited {done.returncode}:\n{done.stdout}{done.stderr}"
+    assert "System check identified" in done.stdout + done.stderr, done.stdout + done.stderr
     return set(re.findall(r"\((\w+\.W\d+)\)", done.stdout + done.stderr))
 
 

@@ -1,0 +1,69 @@
+"""What a runtime image file says of itself: the labels of a docker-archive.
+
+A runtime image is a container image archive as ``docker save`` and ``podman
+save`` write it (and as ``docker load`` / ``podman load`` read it): a tar
+holding ``manifest.json`` (one image: its config and its layers) and the
+image's config, whose labels name the build::
+
+    org.fadenstack.runtime.name                e.g. "NVIDIA x86_64 Runtime"
+    org.fadenstack.runtime.version             e.g. "2.1.0"
+    org.fadenstack.runtime.arch                x86_64 | aarch64
+    org.fadenstack.runtime.accelerator-vendor  nvidia | amd
+    org.fadenstack.runtime.certified           "true" | "false"
+
+``read_labels`` returns them as the manifest the agent records
+(``{"name", "version", "arch", "accelerator_vendor", "certified", "tag"}``).
+The console reads the same labels when it imports a build.
+"""
+
+import json
+import tarfile
+
+from .protocol import NOT_RETRYABLE, AgentError
+
+JSON_MAX = 1024 * 1024
+LABEL = "org.fadenstack.runtime."
+FIELDS = ("name", "version", "arch", "accelerator_vendor", "certified")
+
+
+def _refuse(path: str, reason: str) -> AgentError:
+    return AgentError(NOT_RETRYABLE, "%s is not a runtime image: %s" % (path, reason))
+
+
+def _json(tar, members: dict, name: str, path: str):
+    member = members.get(name)
+    if member is None or not member.isfile():
+        raise _refuse(path, "it has no %s (an image archive, as `docker save` writes one, has)" % name)
+    if member.size > JSON_MAX:
+        raise _refuse(path, "its %s is %d bytes, too big" % (name, member.size))
+    try:
+        return json.loads(tar.extractfile(member).read().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _refuse(path, "its %s is not valid JSON: %s" % (name, exc))
+
+
+def read_labels(path: str) -> dict:
+    """The build's manifest from the archive's labels, or ``not_retryable`` in plain words."""
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            members = {}
+            for member in tar:
+                name = member.name[2:] if member.name.startswith("./") else member.name
+                members[name] = member
+            index = _json(tar, members, "manifest.json", path)
+            if not isinstance(index, list) or len(index) != 1 or not isinstance(index[0], dict) \
+                    or not isinstance(index[0].get("Config"), str):
+                raise _refuse(path, "its manifest.json does not name exactly one image and its config")
+            config = _json(tar, members, index[0]["Config"], path)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise _refuse(path, "not a readable tar archive (%s)" % exc)
+    labels = ((config if isinstance(config, dict) else {}).get("config") or {}).get("Labels") or {}
+    manifest = {field: labels[LABEL + field.replace("_", "-")] for field in FIELDS
+                if LABEL + field.replace("_", "-") in labels}
+    if not manifest.get("name") or not manifest.get("version"):
+        raise _refuse(path, "its labels lack %sname or %sversion" % (LABEL, LABEL))
+    if "certified" in manifest:
+        manifest["certified"] = str(manifest["certified"]).lower() == "true"
+    tags = index[0].get("RepoTags")
+    manifest["tag"] = tags[0] if isinstance(tags, list) and tags and isinstance(tags[0], str) else None
+    return manifest
