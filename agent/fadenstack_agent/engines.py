@@ -21,7 +21,8 @@ The manifest may name the executables in the image (``"ray"``, ``"python"``:
 default ``ray`` and ``python3`` on the image's PATH) and the container's
 ``"command"`` (a list).  The machine config's section of the engine's name may
 hold ``global_args`` and ``ulimits`` (``containers.Engine``) and ``"gpus":
-"none"`` (hand no GPU over: the lab, whose ``nvidia-smi`` is a stand-in).
+"none"`` (hand no GPU over: the lab, whose ``nvidia-smi`` is a stand-in); its
+``machine_name`` (default: the host name) labels the containers.
 """
 
 import os
@@ -95,8 +96,16 @@ def run_engine(argv: list, timeout: float = ENGINE_TIMEOUT) -> tuple:
             proc.stderr.decode("utf-8", "replace"))
 
 
-def machine_name() -> str:
-    """This machine's name for the containers' label: its host name."""
+def machine_name(config: dict) -> str:
+    """This machine's name for the containers' label: the machine config's
+    ``machine_name``, else its host name.  Machines sharing one engine (a lab
+    host, a test) must differ in it: a machine removes only its own leftovers."""
+    name = config.get("machine_name")
+    if name is not None:
+        if not isinstance(name, str) or not MACHINE_RE.match(name):
+            raise AgentError(NOT_RETRYABLE, "The machine config's machine_name must be letters, digits, "
+                                            "dots, dashes and underscores, got %r" % (name,))
+        return name
     name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()).lstrip("._-")[:253]
     return name if MACHINE_RE.match(name) else "machine"
 
@@ -321,7 +330,7 @@ class ContainerDriver:
         """Run the cluster's container of ``image`` (whatever ran under its name
         is removed first); it must still run ``START_SETTLE`` s later.  Returns
         ``{"container", "removed": [names left by other clusters]}``."""
-        machine = machine_name()
+        machine = machine_name(config)
         removed = self.remove_others(machine, out)
         self._remove(self.container)
         gpu, cdi = self.gpu_vendor(config), False
@@ -372,13 +381,11 @@ class ContainerDriver:
 
 
 def container_command(manifest: dict) -> list:
-    command = manifest.get("command")
-    if command is None:
-        return list(KEEP_ALIVE)
+    command = manifest.get("command", KEEP_ALIVE)
     if not isinstance(command, list) or not command or not all(isinstance(part, str) for part in command):
         raise AgentError(NOT_RETRYABLE, "The runtime image's manifest.json has a \"command\" that is not a "
                                         "list of arguments: %r" % (command,))
-    return command
+    return list(command)
 
 
 def image_executable(manifest: dict, key: str):
