@@ -4,8 +4,8 @@
 The two drivers of ``runtime`` build every engine command here, as argument
 lists (never shell strings: a cluster name or a path must not become shell
 syntax), and read the engine's answers here, so that both engines' dialects
-live in one place and are held by unit tests.  Not wired into ``load_driver``
-yet.
+live in one place and are held by unit tests.  Their answers are read in
+``engineoutput``; the drivers (running these commands) are in ``engines``.
 
 The runtime container (``Engine.run_argv``):
 
@@ -37,7 +37,6 @@ Global options go before the subcommand of every command; ulimits (at or below
 the host's hard limits: raising them is not permitted there) go on ``run``.
 """
 
-import json
 import os
 import re
 
@@ -60,10 +59,6 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The resource names both engines accept in --ulimit.
 ULIMIT_NAMES = ("core", "cpu", "data", "fsize", "locks", "memlock", "msgqueue", "nice", "nofile",
                 "nproc", "rss", "rtprio", "rttime", "sigpending", "stack")
-# docker: "Loaded image: NAME:TAG" / "Loaded image ID: sha256:..."; podman:
-# "Loaded image: NAME:TAG" (4.x) / "Loaded image(s): A,B" (older).
-LOADED_RE = re.compile(r"^Loaded image(?:\(s\))?(?: ID)?:\s*(\S.*)$")
-NO_SUCH_RE = re.compile(r"no such (?:container|object)", re.IGNORECASE)
 
 
 # ------------------------------------------------------------------ names
@@ -203,6 +198,15 @@ class Engine:
             raise AgentError(BAD_INPUT, "The image archive must be an absolute path, got %r" % (archive,))
         return self.argv("load", "-i", archive)
 
+    def load_stdin_argv(self) -> list:
+        """Load an image archive (docker-archive) written to the engine's stdin:
+        the archive inside a runtime image is streamed, never copied to disk first."""
+        return self.argv("load")
+
+    def image_exists_argv(self, image: str) -> list:
+        """Exit status 0 when the engine holds ``image`` (both engines' ``image inspect``)."""
+        return self.argv("image", "inspect", "--format", "{{.Id}}", _check_image(image))
+
     def gpu_args(self, vendor, cdi: bool = False) -> list:
         """How the container gets the machine's GPUs.
 
@@ -230,12 +234,8 @@ class Engine:
         """``run`` of the cluster's runtime container (see the module's docstring)."""
         name = container_name(cluster)
         check_machine(machine)
-        if not isinstance(image, str) or not image or image.startswith("-") or re.search(r"\s", image):
-            raise AgentError(BAD_INPUT, "The image must be a reference or an ID, got %r" % (image,))
-        if (not isinstance(command, (list, tuple)) or not command
-                or any(not isinstance(part, str) for part in command) or not command[0]):
-            raise AgentError(BAD_INPUT, "The container's command must be a non-empty list of "
-                                        "arguments, got %r" % (command,))
+        _check_image(image)
+        _check_command(command)
         if not isinstance(store, str) or not os.path.isabs(store) or ":" in store or "," in store:
             raise AgentError(BAD_INPUT, "The store must be an absolute path without ':' or ',' "
                                         "(the engine's mount syntax), got %r" % (store,))
@@ -260,6 +260,14 @@ class Engine:
         # "--" is not needed: the image ends the options, and the command follows it as is.
         return argv + [image] + list(command)
 
+    def exec_argv(self, cluster: str, command, env_names=()) -> list:
+        """Run ``command`` inside the cluster's running container (``ray start``,
+        the status script); variables by name only, as for ``run``."""
+        argv = self.argv("exec")
+        for env_name in check_env_names(env_names):
+            argv += ["-e", env_name]
+        return argv + [container_name(cluster)] + _check_command(command)
+
     def stop_argv(self, cluster: str, timeout: int = 30) -> list:
         """Stop: SIGTERM, then SIGKILL after ``timeout`` seconds."""
         return self.argv("stop", "-t", str(_whole(timeout, "The stop timeout", 0, STOP_TIMEOUT_MAX)),
@@ -282,109 +290,28 @@ class Engine:
         return self.argv("logs", "--tail", str(_whole(lines, "The number of log lines", 1, LOG_LINES_MAX)),
                          container_name(cluster))
 
-    def ps_argv(self) -> list:
-        """Every container of any cluster, running or not (``parse_ps``).
+    def ps_argv(self, machine: str = None) -> list:
+        """Every container of any cluster, running or not (``parse_ps``); with
+        ``machine``, only those made for that machine (machines of a lab host
+        share one engine, and one machine must not remove another's).
 
         Docker's ``{{json .}}`` gives a JSON object per line (labels as
         ``k=v,k=v``); Podman's ``json`` gives one array (labels as an object).
         """
         fmt = "{{json .}}" if self.name == "docker" else "json"
-        return self.argv("ps", "-a", "--filter", "label=" + CLUSTER_LABEL, "--format", fmt)
+        label = CLUSTER_LABEL if machine is None else "%s=%s" % (MACHINE_LABEL, check_machine(machine))
+        return self.argv("ps", "-a", "--filter", "label=" + label, "--format", fmt)
 
 
-# ------------------------------------------------------------------ output
+def _check_image(image) -> str:
+    if not isinstance(image, str) or not image or image.startswith("-") or re.search(r"\s", image):
+        raise AgentError(BAD_INPUT, "The image must be a reference or an ID, got %r" % (image,))
+    return image
 
 
-def _unexpected(what: str, output: str) -> AgentError:
-    words = (output or "").strip()
-    if len(words) > 400:
-        words = "..." + words[-400:]
-    return AgentError(NOT_RETRYABLE, "The container engine's %s output is not what it should be: %s"
-                      % (what, words or "(nothing)"))
-
-
-def parse_loaded(output: str) -> list:
-    """The image references (or IDs) that ``load`` reports, first as printed."""
-    found = []
-    for line in (output or "").splitlines():
-        match = LOADED_RE.match(line.strip())
-        if match:
-            for ref in match.group(1).split(","):
-                if ref.strip() and ref.strip() not in found:
-                    found.append(ref.strip())
-    if not found:
-        raise _unexpected("load", output)
-    return found
-
-
-def is_no_such_container(output: str) -> bool:
-    """Docker ("No such object", "No such container") and Podman ("no such container")."""
-    return bool(NO_SUCH_RE.search(output or ""))
-
-
-def parse_state(output: str) -> dict:
-    """``inspect --format '{{json .State}}'`` -> ``{"status", "running",
-    "exit_code", "started_at", "finished_at", "error", "oom_killed"}``.
-
-    A failed ``inspect`` (exit status not 0) is first told apart with
-    ``is_no_such_container``: a missing container is a state, not an error.
-    Times are the engine's own strings (Docker and Podman differ in zones).
-    """
-    try:
-        state = json.loads((output or "").strip())
-    except ValueError:
-        raise _unexpected("inspect", output)
-    if isinstance(state, list) and len(state) == 1:
-        state = state[0]    # a plain `inspect` array of one, should a driver pass it
-    if not isinstance(state, dict) or not isinstance(state.get("Status"), str):
-        raise _unexpected("inspect", output)
-    exit_code = state.get("ExitCode")
-    return {"status": state["Status"].lower(), "running": state.get("Running") is True,
-            "exit_code": exit_code if isinstance(exit_code, int) else None,
-            "started_at": state.get("StartedAt") or None, "finished_at": state.get("FinishedAt") or None,
-            "error": state.get("Error") or "", "oom_killed": state.get("OOMKilled") is True}
-
-
-def _labels(value) -> dict:
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, str):
-        return dict(part.split("=", 1) for part in value.split(",") if "=" in part)
-    return {}
-
-
-def parse_ps(output: str) -> list:
-    """``ps_argv``'s output -> ``[(name, cluster label)]`` of either engine."""
-    text = (output or "").strip()
-    if not text:
-        return []
-    try:
-        rows = json.loads(text)
-        if isinstance(rows, dict):
-            rows = [rows]
-    except ValueError:
-        try:
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except ValueError:
-            raise _unexpected("ps", output)
-    found = []
-    for row in rows if isinstance(rows, list) else [None]:
-        names = row.get("Names") if isinstance(row, dict) else None
-        if isinstance(names, str):
-            names = names.split(",")
-        if not isinstance(names, list) or not names or not isinstance(names[0], str):
-            raise _unexpected("ps", output)
-        found.append((names[0].lstrip("/"), _labels(row.get("Labels")).get(CLUSTER_LABEL)))
-    return found
-
-
-def left_by_others(containers, cluster: str) -> list:
-    """The names of the containers another cluster left (``rm_argv(name=...)``).
-
-    Only names of our own form: a container that carries the label under
-    another name was not made by the agent, and is left alone.
-    """
-    own = container_name(cluster)
-    return [name for name, label in containers
-            if name != own and label != cluster and name.startswith(NAME_PREFIX)
-            and CLUSTER_RE.match(name[len(NAME_PREFIX):])]
+def _check_command(command) -> list:
+    if (not isinstance(command, (list, tuple)) or not command
+            or any(not isinstance(part, str) for part in command) or not command[0]):
+        raise AgentError(BAD_INPUT, "The container's command must be a non-empty list of "
+                                    "arguments, got %r" % (command,))
+    return list(command)

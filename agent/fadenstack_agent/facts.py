@@ -80,6 +80,7 @@ class Collector:
         self.config = load_machine_config() if config is None else config
         self.run = runner
         self.warnings = []
+        self.docker_silence = None      # why an installed Docker's daemon did not answer
 
     def warn(self, source: str, message: str) -> None:
         self.warnings.append({"source": source, "message": message})
@@ -96,8 +97,9 @@ class Collector:
             "store": self.store(),
             "accelerators": self.accelerators(),
             "interfaces": self.interfaces(),
-            "container_runtime": self.container_runtime(),
+            "container_runtimes": self.container_runtimes(),
         }
+        facts["container_runtime"] = self.container_runtime(facts["container_runtimes"])
         facts["warnings"] = self.warnings
         return facts
 
@@ -188,25 +190,40 @@ class Collector:
                 speed = parsers.parse_ethtool_speed(run.stdout)
         return speed
 
-    def container_runtime(self):
-        driver = self.config.get("runtime_driver")
-        if isinstance(driver, str) and driver:
-            return {"name": driver, "version": get_version()}
-        note = None
+    def container_runtimes(self) -> list:
+        """Every engine found: ``[{"name", "version", "answers"}]``; ``answers``
+        is whether it can run containers now (Docker: its daemon answered;
+        Podman needs no daemon)."""
+        found = []
         docker = self.run(["docker", "version", "--format", "{{.Server.Version}}"])
         if docker is not None:
             version = parsers.parse_docker_version(docker.stdout) if docker.ok else None
             if version:
-                return {"name": "docker", "version": version}
-            note = "docker is installed but its daemon did not answer: " + (
-                docker.describe_failure() if not docker.ok else "no server version")
+                found.append({"name": "docker", "version": version, "answers": True})
+            else:
+                client = self.run(["docker", "--version"])
+                words = client.stdout if client is not None and client.ok else ""
+                found.append({"name": "docker", "version": parsers.parse_cli_version(words),
+                              "answers": False})
+                self.docker_silence = docker.describe_failure() if not docker.ok else "no server version"
         podman = self.run(["podman", "--version"])
         if podman is not None and podman.ok:
-            version = parsers.parse_podman_version(podman.stdout)
+            version = parsers.parse_cli_version(podman.stdout)
             if version:
-                return {"name": "podman", "version": version}
-        if note:
-            self.warn("docker", note)
+                found.append({"name": "podman", "version": version, "answers": True})
+        return found
+
+    def container_runtime(self, engines: list):
+        """The runtime this machine uses: the configured driver, else Docker if
+        its daemon answers, else Podman (None: no runtime)."""
+        driver = self.config.get("runtime_driver")
+        if isinstance(driver, str) and driver:
+            return {"name": driver, "version": get_version()}
+        for engine in engines:
+            if engine["answers"]:
+                return {"name": engine["name"], "version": engine["version"]}
+        if self.docker_silence:
+            self.warn("docker", "docker is installed but its daemon did not answer: " + self.docker_silence)
         return None
 
 
@@ -222,6 +239,14 @@ def cmd_facts(args, out) -> int:
     Result: ``{"facts": {"agent_version", "hostname", "arch", "cpu_count",
     "memory_mib", "kernel", "os", "store": {"path", "free_bytes",
     "total_bytes"}, "accelerators": [...], "interfaces": [...],
-    "container_runtime": {"name", "version"} | null, "warnings": [...]}}``.
+    "container_runtime": {"name", "version"} | null, "container_runtimes":
+    [{"name": "docker"|"podman", "version", "answers": bool}], "warnings":
+    [...]}}``.
+
+    ``container_runtime`` is the runtime the machine uses: the driver the
+    machine config names (the lab's ``process``, with the agent's version),
+    else Docker if its daemon answers, else Podman.  ``container_runtimes``
+    lists every engine found, whichever is used: an installed Docker whose
+    daemon does not answer is listed with ``answers: false`` (and a warning).
     """
     return out.result(facts=collect_facts(store=args.store))

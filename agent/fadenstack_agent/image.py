@@ -3,10 +3,11 @@
 A runtime image is a blob (``blob``) that is a container image archive
 (docker-archive) labelled with its build (``imagearchive``).  Fetching, verifying and serving it are the blob
 commands' code, speaking of "the image"; what is the image's own is here:
-reading the manifest, and ``<store>/runtime/loaded.json``, the record of the
-image ``image load`` read last (``{"digest", "path", "manifest",
-"loaded_at"}``), which ``runtime start`` checks.  ``image serve`` is the blob
-server (``blobserve``).
+reading the manifest, loading the container image into Docker or Podman
+(``engines.load_image``), and ``<store>/runtime/loaded.json``, the record of
+the image ``image load`` read last (``{"digest", "path", "manifest",
+"driver", "image_ref", "loaded_at"}``), which ``runtime start`` checks.
+``image serve`` is the blob server (``blobserve``).
 """
 
 import os
@@ -15,7 +16,9 @@ import time
 from . import blob, imagearchive
 from .blobstore import check_digest, list_blobs
 from .cli import DIGEST, STORE, command, group
-from .files import read_json, runtime_dir, store_dir, write_json
+from .containers import ENGINES, Engine
+from .engines import DRIVER, chosen_driver, has_image, load_image
+from .files import load_machine_config, read_json, runtime_dir, store_dir, write_json
 from .protocol import NOT_RETRYABLE, AgentError
 
 IMAGE_DIGEST = (DIGEST[0], dict(DIGEST[1], help="the image's sha256"))
@@ -57,22 +60,41 @@ def cmd_verify(args, out) -> int:
     return blob.verify(args, out, noun="image")
 
 
-@command("image", "load", args=[STORE, IMAGE_DIGEST])
+@command("image", "load", args=[STORE, IMAGE_DIGEST, DRIVER])
 def cmd_load(args, out) -> int:
-    """``image load --digest D [--store PATH]``: read the finished image's
-    manifest and record it as the loaded runtime in ``<store>/runtime/loaded.json``.
+    """``image load --digest D [--driver docker|podman|process] [--store PATH]``:
+    read the finished image's manifest, load its container image into the
+    engine when the runtime driver (chosen as for ``runtime start``) is
+    ``docker`` or ``podman``, and record it as the loaded runtime in
+    ``<store>/runtime/loaded.json``.
 
-    Result: ``{"manifest": {...}, "digest", "path"}``.  Not a runtime image
-    (no manifest first), or no such image: ``not_retryable``; a partial one:
-    ``retryable``.
+    Result: ``{"manifest": {...}, "digest", "path", "driver": name | null,
+    "image_ref": the engine's reference | null, "already_loaded": bool}``.
+    Loading D again into the same engine is a no-op.  Not a runtime image (no
+    labels), no such image, or the engine refusing it (in its own words):
+    ``not_retryable``; a partial one: ``retryable``.
     """
     digest = check_digest(args.digest)
     store = store_dir(args.store)
     path = blob.complete_path(store, digest, noun="image")
     manifest = read_manifest(path)
-    record = {"digest": digest, "path": path, "manifest": manifest, "loaded_at": round(time.time(), 3)}
+    config = load_machine_config()
+    driver = chosen_driver(config, args.driver)
+    image_ref = None
+    if driver in ENGINES:
+        engine = Engine.from_config(driver, config)
+        before = read_loaded(store)
+        if (before.get("digest") == digest and before.get("driver") == driver and before.get("image_ref")
+                and has_image(engine, before["image_ref"])):
+            return out.result(manifest=manifest, digest=digest, path=path, driver=driver,
+                              image_ref=before["image_ref"], already_loaded=True)
+        image_ref = load_image(engine, store, path, digest, out)
+        out.log("%s loaded the runtime image %s as %s" % (driver, digest[:12], image_ref))
+    record = {"digest": digest, "path": path, "manifest": manifest, "driver": driver, "image_ref": image_ref,
+              "loaded_at": round(time.time(), 3)}
     write_json(loaded_path(store), record)
-    return out.result(manifest=manifest, digest=digest, path=path)
+    return out.result(manifest=manifest, digest=digest, path=path, driver=driver, image_ref=image_ref,
+                      already_loaded=False)
 
 
 @command("image", "list", args=[STORE])

@@ -10,6 +10,9 @@ image's config, whose labels name the build::
     org.fadenstack.runtime.arch                x86_64 | aarch64
     org.fadenstack.runtime.accelerator-vendor  nvidia | amd
     org.fadenstack.runtime.certified           "true" | "false"
+    org.fadenstack.runtime.ray, .python        optional: the executables (ray, python3)
+    org.fadenstack.runtime.command             optional: the container's command, a JSON
+                                               list (default: a shell that only waits)
 
 ``read_labels`` returns them as the manifest the agent records
 (``{"name", "version", "arch", "accelerator_vendor", "certified", "tag"}``).
@@ -23,7 +26,8 @@ from .protocol import NOT_RETRYABLE, AgentError
 
 JSON_MAX = 1024 * 1024
 LABEL = "org.fadenstack.runtime."
-FIELDS = ("name", "version", "arch", "accelerator_vendor", "certified")
+FIELDS = ("name", "version", "arch", "accelerator_vendor", "certified",
+          "ray", "python")  # the last two optional: the executables in the image (default ray, python3)
 
 
 def _refuse(path: str, reason: str) -> AgentError:
@@ -64,6 +68,12 @@ def read_labels(path: str) -> dict:
         raise _refuse(path, "its labels lack %sname or %sversion" % (LABEL, LABEL))
     if "certified" in manifest:
         manifest["certified"] = str(manifest["certified"]).lower() == "true"
+    command = labels.get(LABEL + "command")
+    if command is not None:
+        try:
+            manifest["command"] = json.loads(command)
+        except ValueError:
+            raise _refuse(path, "its label %scommand is not a JSON list of strings" % LABEL)
     tags = index[0].get("RepoTags")
     manifest["tag"] = tags[0] if isinstance(tags, list) and tags and isinstance(tags[0], str) else None
     return manifest

@@ -11,7 +11,7 @@ from .protocol import AgentError
 
 @command("version")
 def cmd_version(args, out) -> int:
-    """``version``: the agent's version.  Result: ``{"version": "0.2.0"}``."""
+    """``version``: the agent's version.  Result: ``{"version": "0.3.0"}``."""
     return out.result(version=get_version())
 
 

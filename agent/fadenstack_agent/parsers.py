@@ -139,10 +139,13 @@ def parse_docker_version(text: str):
     return line if re.match(r"^\d+[\w.+~-]*$", line) else None
 
 
-def parse_podman_version(text: str):
-    """``podman --version`` ("podman version 4.3.1") -> "4.3.1" or None."""
+def parse_cli_version(text: str):
+    """``podman --version`` ("podman version 4.3.1") -> "4.3.1", ``docker
+    --version`` ("Docker version 20.10.24+dfsg1, build 5d6db84") ->
+    "20.10.24+dfsg1", or None."""
     m = re.search(r"version\s+(\d[\w.+~-]*)", text or "")
     return m.group(1) if m else None
+
 
 
 # ---------------------------------------------------------------- network

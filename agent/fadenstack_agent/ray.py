@@ -27,6 +27,11 @@ timeouts) and reads what they print.
   ``rayproc.ray_processes``: never Ray's own ``ray stop``, which kills every
   Ray process it can see, and lab machines share one process table).
 
+With the ``docker`` and ``podman`` drivers, ``ray`` and ``python`` run in the
+runtime container (``<engine> exec``), Ray's temp dir is the store's as the
+container sees it, and Ray's processes are looked for in the container (the
+driver's ``ray_temp_dir`` and ``processes``; ``rayproc.ray_view``).
+
 Ray's environment: the agent's, without proxy variables and ``RAY_ADDRESS``,
 with ``RAY_USAGE_STATS_ENABLED=0``.  The output of the last ``ray start`` is
 kept in ``<store>/runtime/ray-start.log``; what the agent started is recorded
@@ -51,7 +56,7 @@ from .rayargs import (ALIVE_WAIT, ALREADY_WAIT, DEFAULT_PORT, START_TIMEOUT, STA
                       parse_status_output, ray_env, status_argv, status_env, summarize_failure,
                       summarize_nodes, temp_dir)
 from .rayproc import (check_local_address, check_reachable, local_node, node_from_processes,
-                      port_holder_message, ray_lock, ray_processes, read_record, read_tail,
+                      port_holder_message, ray_lock, ray_processes, ray_view, read_record, read_tail,
                       resolve_head, signal_quietly, start_failure, stop_locked, stop_processes,
                       write_record)
 
@@ -94,7 +99,8 @@ def run_status(driver, head: str, node_ip=None, wait_id=None, wait_address=None,
         raise AgentError(RETRYABLE, "the Ray status driver printed no answer (exit %s): %s"
                          % (proc.returncode, summarize_failure(_text(proc.stderr) or _text(proc.stdout))))
     if answer.get("error") == "import":
-        raise AgentError(NOT_RETRYABLE, "%s cannot import Ray: %s" % (driver.python, answer.get("message")))
+        raise AgentError(NOT_RETRYABLE, "%s cannot import Ray (%s driver): %s"
+                         % (driver.python, driver.name, answer.get("message")))
     if answer.get("error"):
         raise AgentError(RETRYABLE, "Ray at %s: %s" % (head, answer.get("message")))
     if not isinstance(answer.get("nodes"), list):
@@ -156,22 +162,22 @@ def run_ray_start(driver, store: str, argv: list) -> tuple:
 def _start_node(driver, store: str, out, argv: list, gcs: str, address: str, port) -> tuple:
     """Run ``ray start`` and wait until Ray reports the node alive.  On failure
     whatever it left running is stopped, so that a retry starts clean."""
-    temp = temp_dir(store)
     started, wall = time.monotonic(), time.time()
     out.log("running: %s" % " ".join(argv))
     code, output = run_ray_start(driver, store, argv)
     start_seconds = time.monotonic() - started
     if code != 0:
-        error = start_failure(store, code, output, address, port, since=wall)
-        stop_processes(store, out)
+        error = start_failure(store, code, output, address, port, since=wall, driver=driver)
+        stop_processes(store, out, driver)
         raise error
-    node = local_node(temp, read_record(store).get("sids", ()))
+    temp, procs = ray_view(store, driver)
+    node = local_node(temp, read_record(store).get("sids", ()), procs)
     out.log("ray start finished in %.1f s; waiting for Ray to report node %s alive"
             % (start_seconds, (node or {}).get("node_id", "?")[:12]))
     try:
         alive = wait_alive(driver, gcs, node, address, ALIVE_WAIT)
     except AgentError:
-        stop_processes(store, out)
+        stop_processes(store, out, driver)
         raise
     return alive, {"ray_start": round(start_seconds, 3),
                    "alive": round(time.monotonic() - started - start_seconds, 3)}
@@ -180,9 +186,8 @@ def _start_node(driver, store: str, out, argv: list, gcs: str, address: str, por
 def _existing(driver, store: str, out, matches, describe, gcs: str, address: str):
     """A Ray node already here: the alive answer when it is the one asked for,
     an error when it is another; None when nothing (left over) runs."""
-    temp = temp_dir(store)
-    sids = read_record(store).get("sids", ())
-    procs = ray_processes(temp, sids)
+    temp, procs = ray_view(store, driver)
+    procs = ray_processes(temp, read_record(store).get("sids", ()), procs)
     node = node_from_processes(procs, temp)
     if node is not None and not matches(node):
         role = "the head at %s" % node["gcs_address"] if node["head"] else \
@@ -198,7 +203,7 @@ def _existing(driver, store: str, out, matches, describe, gcs: str, address: str
             out.log("Ray's processes are here but Ray does not report the node alive (%s): "
                     "starting it again" % exc.message)
     if procs:
-        stop_processes(store, out)
+        stop_processes(store, out, driver)
     return None
 
 
@@ -207,13 +212,14 @@ def _existing(driver, store: str, out, matches, describe, gcs: str, address: str
 
 def _node_setup(args, address: str) -> tuple:
     """What ``start-head`` and ``join`` check alike before touching Ray: the GPUs and resources
-    asked for, the store, a started runtime, Ray's temp directory, and ADDR being this machine's.
-    Returns ``(num_gpus, resources, store, driver, temp)``."""
+    asked for, the store, a started runtime, Ray's temp directory (as Ray sees it: in a
+    container, the store's mount point), and ADDR being this machine's.  Returns
+    ``(num_gpus, resources, store, driver, temp)``."""
     num_gpus = parse_num_gpus(args.num_gpus)
     resources = parse_resources(args.resources)
     store = store_dir(args.store)
     driver = runtime.require_started(store)
-    temp = check_temp_dir(temp_dir(store))
+    temp = check_temp_dir(driver.ray_temp_dir(store))
     check_local_address(address)
     return num_gpus, resources, store, driver, temp
 
@@ -249,7 +255,7 @@ def cmd_start_head(args, out) -> int:
         if held:
             raise AgentError(ADDRESS_IN_USE, "%s: another process holds it, so Ray's GCS cannot listen "
                                              "there" % held)
-        os.makedirs(temp, mode=0o755, exist_ok=True)
+        os.makedirs(temp_dir(store), mode=0o755, exist_ok=True)   # Ray's temp, as the machine sees it
         argv = head_start_argv(driver, address, port, num_gpus, resources, temp)
         write_record(store, role="head", address=address, port=port, gcs_address=gcs,
                       started_at=round(time.time(), 3))
@@ -286,7 +292,7 @@ def cmd_join(args, out) -> int:
                               resources=resources, nodes=already["nodes"],
                               seconds=round(time.monotonic() - started, 3), timings={})
         check_reachable(host, port)
-        os.makedirs(temp, mode=0o755, exist_ok=True)
+        os.makedirs(temp_dir(store), mode=0o755, exist_ok=True)   # Ray's temp, as the machine sees it
         argv = join_argv(driver, head, address, num_gpus, resources, temp)
         write_record(store, role="worker", address=address, port=None, gcs_address=head,
                       started_at=round(time.time(), 3))
@@ -310,11 +316,12 @@ def cmd_status(args, out) -> int:
     started = time.monotonic()
     host, port = parse_host_port(args.head)
     store = store_dir(args.store)
-    driver = runtime.load_driver()
+    driver = runtime.current_driver(store)
     driver.check()
     head = build_address(resolve_head(host), port)
     check_reachable(host, port)
-    node = local_node(temp_dir(store), read_record(store).get("sids", ()))
+    temp, procs = ray_view(store, driver)
+    node = local_node(temp, read_record(store).get("sids", ()), procs)
     if node is None or node["gcs_address"] != head:
         here = "no Ray node runs here" if node is None else "this machine's node belongs to the " \
             "cluster whose head is %s" % node["gcs_address"]
@@ -336,7 +343,7 @@ def cmd_stop(args, out) -> int:
     (needed SIGKILL), "seconds"}``.  Running it again is a no-op.
     """
     store = store_dir(args.store)
-    return out.result(**stop_locked(store, out))
+    return out.result(**stop_locked(store, out, runtime.recorded_driver(store)))
 
 
 @command("ray", "reach", args=[HEAD])

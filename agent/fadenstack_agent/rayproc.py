@@ -157,14 +157,24 @@ def node_from_processes(procs: list, temp: str):
     return None
 
 
-def local_node(temp: str, sids=()):
-    return node_from_processes(ray_processes(temp, sids), temp)
+def ray_view(store: str, driver=None) -> tuple:
+    """``(temp, procs)``: Ray's temp dir as Ray sees it, and the processes Ray
+    runs among.  The runtime driver knows both (a container's Ray sees the
+    store at its mount point); without one, the machine's, as the process
+    driver's."""
+    if driver is None:
+        return temp_dir(store), machine_processes()
+    return driver.ray_temp_dir(store), driver.processes()
 
 
-def local_summary(store: str) -> dict:
+def local_node(temp: str, sids=(), procs=None):
+    return node_from_processes(ray_processes(temp, sids, procs), temp)
+
+
+def local_summary(store: str, driver=None) -> dict:
     """For ``runtime status``: the local Ray node, from the processes only."""
-    temp = temp_dir(store)
-    procs = ray_processes(temp, read_record(store).get("sids", ()))
+    temp, procs = ray_view(store, driver)
+    procs = ray_processes(temp, read_record(store).get("sids", ()), procs)
     node = node_from_processes(procs, temp)
     return {"running": node is not None, "role": (("head" if node["head"] else "worker") if node else None),
             "address": node["node_ip"] if node else None,
@@ -238,14 +248,15 @@ def ray_lock(store: str, wait: float = LOCK_WAIT) -> Locked:
                   "another ray command has been running on this machine for %d s" % wait)
 
 
-def stop_processes(store: str, out=None) -> dict:
-    """Stop this machine's Ray (under ``<store>/ray``); the caller holds the lock."""
+def stop_processes(store: str, out=None, driver=None) -> dict:
+    """Stop this machine's Ray (under ``<store>/ray``; in the runtime container
+    with a container ``driver``); the caller holds the lock."""
     started = time.monotonic()
-    temp = temp_dir(store)
     record = read_record(store)
     stopped, forced = [], []
     for _ in range(3):          # workers may be forked while the rest goes down
-        procs = ray_processes(temp, record.get("sids", ()))
+        temp, procs = ray_view(store, driver)
+        procs = ray_processes(temp, record.get("sids", ()), procs)
         if not procs:
             break
         if out is not None:
@@ -254,7 +265,7 @@ def stop_processes(store: str, out=None) -> dict:
         stopped += done
         forced += killed
     try:
-        os.unlink(os.path.join(temp, "ray_current_cluster"))
+        os.unlink(os.path.join(temp_dir(store), "ray_current_cluster"))
     except OSError:
         pass
     if record:
@@ -263,9 +274,9 @@ def stop_processes(store: str, out=None) -> dict:
             "seconds": round(time.monotonic() - started, 3)}
 
 
-def stop_locked(store: str, out=None) -> dict:
+def stop_locked(store: str, out=None, driver=None) -> dict:
     with ray_lock(store):
-        return stop_processes(store, out)
+        return stop_processes(store, out, driver)
 
 
 # ------------------------------------------------------------------ network checks
@@ -344,12 +355,25 @@ def read_tail(path: str, limit: int = 65536) -> str:
         return ""
 
 
-def start_failure(store: str, code, output: str, address: str, port, since: float = 0.0) -> AgentError:
+def session_dir(store: str, driver=None):
+    """The latest Ray session's directory on this machine, or None.  Ray's
+    ``session_latest`` link names it by Ray's own path: in a container, a path
+    under the store's mount point, which the driver turns into the store's."""
+    link = os.path.join(temp_dir(store), "session_latest")
+    try:
+        target = os.path.join(os.path.dirname(link), os.readlink(link))
+    except OSError:
+        return None
+    return driver.host_path(store, target) if driver is not None else target
+
+
+def start_failure(store: str, code, output: str, address: str, port, since: float = 0.0,
+                  driver=None) -> AgentError:
     """What a failed ``ray start`` means, in Ray's words (its output, and the
     logs of the session it made, if it got that far: made after ``since``)."""
-    session = os.path.join(temp_dir(store), "session_latest")
+    session = session_dir(store, driver) or os.path.join(temp_dir(store), "session_latest")
     try:
-        fresh = os.path.getmtime(os.path.realpath(session)) >= since - 1
+        fresh = os.path.getmtime(session) >= since - 1
     except OSError:
         fresh = False
     logs = os.path.join(session, "logs")

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from fadenstack_agent import containers
+from fadenstack_agent import containers, engineoutput
 from fadenstack_agent.containers import Engine
 from fadenstack_agent.protocol import BAD_INPUT, NOT_RETRYABLE, AgentError
 
@@ -245,14 +245,14 @@ def test_bad_arguments_of_the_other_commands_are_refused(call):
     ("Loaded image(s): localhost/a:1,localhost/a:latest\n", ["localhost/a:1", "localhost/a:latest"]),
 ])
 def test_the_loaded_image_is_read_from_either_engines_output(output, refs):
-    assert containers.parse_loaded(output) == refs
+    assert engineoutput.parse_loaded(output) == refs
 
 
 @pytest.mark.parametrize("output", ["", "open image.tar: no such file or directory\n",
                                     "Error: payload does not match any of the supported image formats"])
 def test_load_output_without_an_image_is_an_error_in_the_engines_words(output):
     with pytest.raises(AgentError) as exc:
-        containers.parse_loaded(output)
+        engineoutput.parse_loaded(output)
     assert exc.value.kind == NOT_RETRYABLE
     assert output.strip() in exc.value.message and "load" in exc.value.message
 
@@ -270,14 +270,14 @@ PODMAN_STATE = {"OciVersion": "1.0.2-dev", "Status": "running", "Running": True,
 
 
 def test_docker_state_of_a_killed_container():
-    state = containers.parse_state(json.dumps(DOCKER_STATE) + "\n")
+    state = engineoutput.parse_state(json.dumps(DOCKER_STATE) + "\n")
     assert state == {"status": "exited", "running": False, "exit_code": 137,
                      "started_at": "2026-12-01T07:00:00.123456789Z", "finished_at": "2026-12-01T07:05:00.5Z",
-                     "error": "", "oom_killed": False}
+                     "error": "", "oom_killed": False, "pid": None}
 
 
 def test_podman_state_of_a_running_container():
-    state = containers.parse_state(json.dumps(PODMAN_STATE))
+    state = engineoutput.parse_state(json.dumps(PODMAN_STATE))
     assert state["status"] == "running" and state["running"] is True and state["exit_code"] == 0
     assert state["started_at"] == "2026-12-01T07:00:00.123456789+00:00"
 
@@ -286,7 +286,7 @@ def test_podman_state_of_a_running_container():
                                     "{\"Running\": true}", "[1, 2]", "null"])
 def test_inspect_garbage_is_an_error_in_the_engines_words(output):
     with pytest.raises(AgentError) as exc:
-        containers.parse_state(output)
+        engineoutput.parse_state(output)
     assert (output.strip() or "(nothing)") in exc.value.message
 
 
@@ -298,7 +298,7 @@ def test_inspect_garbage_is_an_error_in_the_engines_words(output):
     ("Cannot connect to the Docker daemon at unix:///var/run/docker.sock", False),
 ])
 def test_a_missing_container_is_told_apart_from_a_failing_engine(output, missing):
-    assert containers.is_no_such_container(output) is missing
+    assert engineoutput.is_no_such_container(output) is missing
 
 
 # ---------------------------------------------------------------- ps output
@@ -318,25 +318,25 @@ PODMAN_PS = json.dumps([
 
 
 def test_docker_ps_lines_give_names_and_cluster_labels():
-    assert containers.parse_ps(DOCKER_PS) == [("fadenstack-alpha", "alpha"), ("fadenstack-beta", "beta")]
+    assert engineoutput.parse_ps(DOCKER_PS) == [("fadenstack-alpha", "alpha"), ("fadenstack-beta", "beta")]
 
 
 def test_podman_ps_array_gives_names_and_cluster_labels():
-    found = containers.parse_ps(PODMAN_PS)
+    found = engineoutput.parse_ps(PODMAN_PS)
     assert found == [("fadenstack-alpha", "alpha"), ("fadenstack-beta", "beta"), ("someone-elses", "gamma")]
 
 
 @pytest.mark.parametrize("output", ["", "[]", "\n"])
 def test_no_containers_is_an_empty_list(output):
-    assert containers.parse_ps(output) == []
+    assert engineoutput.parse_ps(output) == []
 
 
 def test_what_other_clusters_left_is_removed_and_foreign_names_are_left_alone():
-    found = containers.parse_ps(PODMAN_PS)
-    assert containers.left_by_others(found, "alpha") == ["fadenstack-beta"]
-    assert [Engine("podman").rm_argv(name=n) for n in containers.left_by_others(found, "alpha")] == [
+    found = engineoutput.parse_ps(PODMAN_PS)
+    assert engineoutput.left_by_others(found, "alpha") == ["fadenstack-beta"]
+    assert [Engine("podman").rm_argv(name=n) for n in engineoutput.left_by_others(found, "alpha")] == [
         ["podman", "rm", "-f", "fadenstack-beta"]]
-    assert containers.left_by_others(found, "beta") == ["fadenstack-alpha"]
+    assert engineoutput.left_by_others(found, "beta") == ["fadenstack-alpha"]
 
 
 @pytest.mark.parametrize("output", ["CONTAINER ID  IMAGE  COMMAND\n1a2b  x  y", "{\"Names\": 3}",
@@ -344,5 +344,5 @@ def test_what_other_clusters_left_is_removed_and_foreign_names_are_left_alone():
                                     "null", "[1]", "5"])
 def test_ps_garbage_is_an_error_in_the_engines_words(output):
     with pytest.raises(AgentError) as exc:
-        containers.parse_ps(output)
+        engineoutput.parse_ps(output)
     assert "ps" in exc.value.message and output.strip()[:20] in exc.value.message

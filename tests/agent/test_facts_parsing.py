@@ -227,7 +227,8 @@ def test_small_version_parsers():
     assert parsers.parse_docker_version("24.0.7\n") == "24.0.7"
     assert parsers.parse_docker_version("") is None
     assert parsers.parse_docker_version("Cannot connect to the Docker daemon") is None
-    assert parsers.parse_podman_version("podman version 4.3.1\n") == "4.3.1"
+    assert parsers.parse_cli_version("podman version 4.3.1\n") == "4.3.1"
+    assert parsers.parse_cli_version("Docker version 20.10.24+dfsg1, build 5d6db84\n") == "20.10.24+dfsg1"
     assert parsers.parse_os_release('NAME="Ubuntu"\nPRETTY_NAME="Ubuntu 22.04.4 LTS"\n') == "Ubuntu 22.04.4 LTS"
     assert parsers.parse_os_release("") is None
 
@@ -320,9 +321,21 @@ def test_collector_container_runtimes(tmp_path):
     result, _ = _collect(tmp_path, answers)
     assert result["container_runtime"] is None
     assert result["warnings"][0]["source"] == "docker"
+    assert result["container_runtimes"] == [{"name": "docker", "version": None, "answers": False}]
     answers["podman"] = (0, "podman version 4.9.3\n", "")
     result, _ = _collect(tmp_path, answers)
     assert result["container_runtime"] == {"name": "podman", "version": "4.9.3"} and result["warnings"] == []
+    assert [r["name"] for r in result["container_runtimes"]] == ["docker", "podman"]
+
+
+def test_collector_lists_every_engine_whichever_the_machine_config_names(tmp_path):
+    answers = _ip_answers()
+    answers["docker"] = (0, "24.0.7\n", "")
+    answers["podman"] = (0, "podman version 4.9.3\n", "")
+    result, _ = _collect(tmp_path, answers, config={"runtime_driver": "process"})
+    assert result["container_runtime"] == {"name": "process", "version": result["agent_version"]}
+    assert result["container_runtimes"] == [{"name": "docker", "version": "24.0.7", "answers": True},
+                                            {"name": "podman", "version": "4.9.3", "answers": True}]
 
 
 def test_collector_without_ip_or_uname(tmp_path):

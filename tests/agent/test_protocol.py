@@ -66,6 +66,8 @@ CONSOLE_CALLS = [
     ["image", "fetch"],
     ["image", "load", "--digest", DIGEST],
     ["runtime", "start", "--digest", DIGEST],
+    ["image", "load", "--digest", DIGEST, "--driver", "podman"],
+    ["runtime", "start", "--digest", DIGEST, "--cluster", "alpha", "--driver", "docker"],
     ["runtime", "status"],
     ["runtime", "stop"],
     ["ray", "start-head", "--address", "198.18.1.11", "--port", "6379", "--num-gpus", "8"],

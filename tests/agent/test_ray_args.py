@@ -345,17 +345,24 @@ def test_no_driver_configured_is_not_retryable_with_the_install_hint(tmp_path, m
     code, final, _ = run_cli(capsys, "runtime", "start", "--digest", DIGEST, "--store", str(tmp_path))
     assert code == 1 and final["kind"] == "not_retryable"
     assert final["message"] == "No container runtime on this machine: install Docker or Podman"
-    code, final, _ = run_cli(capsys, "ray", "start-head", "--address", "127.0.0.1", "--num-gpus", "8",
+    code, final, _ = run_cli(capsys, "runtime", "start", "--digest", DIGEST, "--cluster", "c1",
                              "--store", str(tmp_path))
     assert final["message"] == "No container runtime on this machine: install Docker or Podman"
+    code, final, _ = run_cli(capsys, "ray", "start-head", "--address", "127.0.0.1", "--num-gpus", "8",
+                             "--store", str(tmp_path))
+    assert final["kind"] == "not_retryable" and final["message"].startswith(
+        "The runtime is not started on this machine: run `runtime start --digest D` first")
 
 
 @pytest.mark.parametrize("config, words", [
-    ({"runtime_driver": "docker"}, "not supported by this agent version yet"),
+    ({"runtime_driver": "podman", "podman": {"gpus": "all"}}, "\"podman\".gpus must be \"auto\" or \"none\""),
+    ({"runtime_driver": "podman", "podman": {"global_args": ["runc"]}}, "follows no option"),
+    ({"runtime_driver": "docker", "docker": {"ulimits": {"nofile": [10, 5]}}}, "exceeds the hard limit"),
     ({"runtime_driver": "process"}, "\"process\" section is missing"),
     ({"runtime_driver": "process", "process": {"ray": "ray", "python": "/p"}}, "absolute path"),
     ({"runtime_driver": "process", "process": {"ray": "/r", "python": "/p", "num_cpus": 0}}, "num_cpus"),
-    ({"runtime_driver": "lxc"}, "Unknown runtime driver"),
+    ({"runtime_driver": "lxc"}, "Unknown runtime driver 'lxc' in the machine config (known: process, docker, "
+                                "podman)"),
 ])
 def test_driver_config_mistakes_are_not_retryable(config, words):
     with pytest.raises(AgentError) as caught:
