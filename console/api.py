@@ -11,8 +11,8 @@ when they are defined. The console's own API is in console/audit_api.py."""
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils.csp import CSP, build_policy
+from django.utils.module_loading import import_string
 from rest_framework import exceptions, pagination, parsers, renderers, serializers, status
-from rest_framework.views import exception_handler as drf_exception_handler
 
 from console import bodies, params
 
@@ -25,6 +25,13 @@ def _first_message(detail) -> str:
     if isinstance(detail, list) and detail:
         return _first_message(detail[0])
     return str(detail)
+
+
+def drf_exception_handler(exc, context):
+    """DRF's own handler, found when first called. Importing rest_framework.views here would be
+    circular: defining APIView reads DEFAULT_RENDERER_CLASSES, which names this module, so whichever
+    setting is read first (a system check reading DEFAULT_PAGINATION_CLASS, say) broke the other."""
+    return import_string("rest_framework.views.exception_handler")(exc, context)
 
 
 def exception_handler(exc, context):

@@ -3,6 +3,8 @@
 Adding and deleting a machine and trusting its host key decide which machines the console trusts
 with its SSH key: an Administrator's. Refreshing facts runs the enrolment again on a machine whose
 key is trusted already (and brings its agent up to date, which a cluster may need): an Operator's.
+Updating the agent installs the console's agent on such a machine and restarts its heartbeat
+alone, leaving what runs there running: an Operator's too.
 The services refuse with these offers, the pages grey their buttons out with them, and the API
 answers with them.
 """
@@ -18,6 +20,7 @@ ADD = Action("adding a machine", ADMINISTRATOR)
 TRUST = Action("trusting a host key", ADMINISTRATOR)
 DELETE = Action("deleting a machine", ADMINISTRATOR)
 REFRESH = Action("refreshing a machine's facts", OPERATOR)
+UPDATE_AGENT = Action("updating a machine's agent", OPERATOR)
 
 
 def refresh_offer(machine: Machine, *, busy: bool, role: roles.Role | None) -> Offer:
@@ -29,6 +32,23 @@ def refresh_offer(machine: Machine, *, busy: bool, role: roles.Role | None) -> O
     else:
         state = ALLOWED
     return REFRESH.offer(role).then(state)
+
+
+def update_agent_offer(machine: Machine, *, busy: bool, role: roles.Role | None) -> Offer:
+    """Update agent: on a Healthy machine (it answers, and its heartbeat is what gets restarted),
+    not beside another job on it. Enrolling installs the console's agent anyway; a machine that
+    failed is brought back with Refresh facts, which installs it too."""
+    if machine.state == MachineState.HEALTHY:
+        state = Offer(False, f"A job is already running on {machine.name}; wait for it to finish.") if busy else ALLOWED
+    elif machine.state == MachineState.OFFLINE:
+        state = Offer(False, f"{machine.name} is offline: its agent can be updated once it beats again.")
+    elif machine.state == MachineState.ENROLLING:
+        state = Offer(False, f"{machine.name} is being enrolled, which installs the current agent.")
+    elif machine.state == MachineState.HOST_KEY or machine.offered_host_key_fingerprint:
+        state = Offer(False, f"Confirm the host key of {machine.name} first.")
+    else:
+        state = Offer(False, f"{machine.name} failed: select Refresh facts, which also installs the current agent.")
+    return UPDATE_AGENT.offer(role).then(state)
 
 
 def delete_offer(machine: Machine, *, role: roles.Role | None) -> Offer:
@@ -44,6 +64,7 @@ def machine_actions(machine: Machine, *, busy: bool, role: roles.Role | None) ->
     """The buttons of a machine's page for ``role``; trusting a key is offered only when one waits."""
     return {
         "refresh": refresh_offer(machine, busy=busy, role=role),
+        "update_agent": update_agent_offer(machine, busy=busy, role=role),
         "trust": TRUST.offer(role),
         "delete": delete_offer(machine, role=role),
     }

@@ -35,7 +35,9 @@ class AgentBuild:
         return f"fadenstack-agent-{self.version}.pyz"
 
 
+@functools.cache  # read on every row of the machines list; the build is cached the same way
 def agent_version() -> str:
+    """The version of the agent this console ships (and installs), from the agent's VERSION file."""
     return (AGENT_SOURCE / PACKAGE / "VERSION").read_text().strip()
 
 

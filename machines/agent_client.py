@@ -76,6 +76,24 @@ class RuntimeStatus:
 
 
 @dataclass(frozen=True)
+class HeartbeatStarted:
+    """What ``heartbeat start`` did: the daemon's pid, and whether a running one was replaced."""
+
+    pid: int | None
+    restarted: bool
+
+
+@dataclass(frozen=True)
+class HeartbeatStatus:
+    """The heartbeat daemon as the machine sees it: running or not, and on which agent version."""
+
+    running: bool
+    configured: bool
+    pid: int | None
+    version: str  # the agent version the running daemon reported; "" when it is not running
+
+
+@dataclass(frozen=True)
 class FileSource:
     """Where a machine fetches a file from: the server (with a download token) or another machine."""
 
@@ -140,9 +158,20 @@ class Agent:
     def facts(self) -> dict:
         return self._call("facts")["facts"]
 
-    def heartbeat_start(self, *, url: str, interval: int, token: str) -> None:
-        """Start the heartbeat daemon; the token goes on stdin, never on a command line."""
-        self._call("heartbeat", "start", "--url", url, "--interval", str(interval), stdin=token.encode() + b"\n")
+    def heartbeat_start(self, *, url: str, interval: int, token: str) -> HeartbeatStarted:
+        """Start the heartbeat daemon; the token goes on stdin, never on a command line. A daemon of
+        another agent version or configuration is stopped (that process alone) and started again."""
+        result = self._call("heartbeat", "start", "--url", url, "--interval", str(interval), stdin=token.encode() + b"\n")
+        return HeartbeatStarted(pid=result.get("pid"), restarted=bool(result.get("restarted")))
+
+    def heartbeat_status(self) -> HeartbeatStatus:
+        result = self._call("heartbeat", "status", timeout=30)
+        return HeartbeatStatus(running=bool(result.get("running")), configured=bool(result.get("configured")),
+                               pid=result.get("pid"), version=str(result.get("version") or ""))
+
+    def version(self) -> str:
+        """The version of the agent this client runs (its ``version`` command)."""
+        return str(self._call("version", timeout=30).get("version") or "")
 
     # -- files: fetched with resume, served to the next machine --------------------------------
 

@@ -1,4 +1,4 @@
-"""REST for machines: list, add, read, delete, refresh, trust a host key. Same services as the pages."""
+"""REST for machines: list, add, read, delete, refresh, trust a host key, update the agent. Same services as the pages."""
 import functools
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -46,13 +46,17 @@ class MachineSerializer(serializers.ModelSerializer):
     accelerators = serializers.SerializerMethodField()
     interfaces = InterfaceSerializer(many=True, read_only=True)
     url = serializers.HyperlinkedIdentityField(view_name="machine-detail")
+    agent_latest = serializers.CharField(read_only=True, help_text="The agent version this console ships and installs")
+    agent_outdated = serializers.BooleanField(
+        read_only=True, help_text="The machine's agent is older than agent_latest (or unknown): POST update-agent/ installs it")
 
     class Meta:
         model = Machine
         fields = [
             "id", "url", "name", "address", "ssh_port", "ssh_user", "state", "state_display", "state_reason",
             "host_key_fingerprint", "offered_host_key_fingerprint", "arch", "hostname", "cpu_count", "memory_mib",
-            "store_path", "store_free_bytes", "container_runtime", "agent_version", "accelerators", "interfaces",
+            "store_path", "store_free_bytes", "container_runtime", "agent_version", "agent_latest", "agent_outdated",
+            "accelerators", "interfaces",
             "last_seen", "facts_at", "created_at",
         ]
         read_only_fields = fields
@@ -129,6 +133,14 @@ class MachineViewSet(
     def refresh(self, request, pk=None):
         """Read the machine's facts again (installing the current agent if needed)."""
         job = services.machine_refresh(machine=self.get_object(), user=request.user)
+        return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses={202: JobSerializer})
+    @action(detail=True, methods=["post"], url_path="update-agent")
+    def update_agent(self, request, pk=None):
+        """Install the console's agent (agent_latest) on a Healthy machine and restart its heartbeat on
+        it; Ray and the containers keep running. An up-to-date machine's job checks and says so."""
+        job = services.machine_update_agent(machine=self.get_object(), user=request.user)
         return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(request=TrustHostKeySerializer, responses={202: JobSerializer})

@@ -31,4 +31,5 @@ class MachinesConfig(AppConfig):
 
         job_kind_register(services.ENROL_KIND, task="machines.tasks.machine_enrol")
         job_kind_register(services.REFRESH_KIND, task="machines.tasks.machine_enrol")
+        job_kind_register(services.UPDATE_AGENT_KIND, task="machines.tasks.machine_update_agent")
         register_pruner("machine events", services.machine_events_prune, keep_days_setting="FADEN_KEEP_EVENTS_DAYS")

@@ -20,6 +20,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
 
 # Machines that answer and can run work.
 MACHINE_USABLE = frozenset({MachineState.HEALTHY})
+# The agent is about to be installed (the current one): no update to offer yet.
+AGENT_PENDING = frozenset({MachineState.HOST_KEY, MachineState.ENROLLING})
 # States a heartbeat or a facts refresh may bring back to Healthy.
 MACHINE_RECOVERABLE = frozenset({MachineState.OFFLINE})
 

@@ -1,7 +1,9 @@
 """The enrolment job: connect, check Python, install the agent, read facts, start the heartbeat.
 
 Every step is idempotent, so the same job serves the first enrolment, a
-refresh of the facts and an agent update.
+refresh of the facts and an agent update. Installing the agent and starting
+its heartbeat are functions of their own: Update agent (``agent_update.py``)
+runs the same ones.
 """
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from fabric import Connection
 
 from console.jobs import JobContext, JobError
 from machines import remote, services
-from machines.agent import agent_build, agent_install, machine_preflight
-from machines.agent_client import Agent
+from machines.agent import AgentBuild, Preflight, agent_build, agent_install, machine_preflight
+from machines.agent_client import Agent, HeartbeatStarted
 from machines.choices import MachineState
 from machines.models import Machine
 
@@ -27,38 +30,20 @@ def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:
         ctx.step("Connect", f"{machine.ssh_user}@{machine.address} port {machine.ssh_port}")
         with remote.connect(services.machine_target(machine)) as conn:
             ctx.log(f"Connected to {machine.address}; host key {machine.host_key_fingerprint} matches.")
-            ctx.step("Check Python")
-            preflight = machine_preflight(conn, build)
-            ctx.detail(f"Python {preflight.version} ({preflight.python})")
-            ctx.step("Install the agent")
-            uploaded = agent_install(conn, build, preflight)
-            path = preflight.path
-            ctx.detail(f"{build.version} at {path}" + ("" if uploaded else " (already there)"))
-            ctx.log(f"Agent {build.version} {'uploaded, sha256 checked' if uploaded else 'already installed'}: {path}")
+            preflight = agent_put(ctx, conn, build)
             ctx.step("Read facts")
-            agent = Agent(machine, conn, argv=[preflight.python, path])
+            agent = Agent(machine, conn, argv=[preflight.python, preflight.path])
             facts = agent.facts()
             with transaction.atomic():
                 machine.refresh_from_db()
-                machine.agent_path = path
+                machine.agent_path = preflight.path
                 machine.python_path = preflight.python
                 services.machine_facts_apply(machine=machine, facts=facts)
             ctx.detail(machine.accelerator_summary() or "no accelerators")
             ctx.step("Start the heartbeat")
-            url = remote.console_url(conn, preflight.ssh_client_address) + HEARTBEAT_PATH
-            token, token_hash = services.heartbeat_token_new()
-            with transaction.atomic():
-                # Store the hash first: the first beat may arrive before the command returns.
-                Machine.objects.filter(pk=machine.pk).update(heartbeat_token_hash=token_hash)
-            agent.heartbeat_start(url=url, interval=settings.FADEN_HEARTBEAT_INTERVAL, token=token)
-            ctx.detail(f"every {settings.FADEN_HEARTBEAT_INTERVAL} s to {url}")
+            heartbeat_start(ctx, machine=machine, agent=agent, preflight=preflight)
     except remote.HostKeyMismatch as exc:
-        with transaction.atomic():
-            machine = Machine.objects.select_for_update().get(pk=machine_id)
-            machine.offered_host_key_fingerprint = exc.offered
-            machine.save(update_fields=["offered_host_key_fingerprint"])
-            services.machine_transition(machine=machine, to=MachineState.FAILED, reason=exc.message)
-        raise JobError(exc.message, kind=exc.kind) from exc
+        raise host_key_refused(machine_id, exc) from exc
     except remote.RemoteError as exc:
         with transaction.atomic():
             machine = Machine.objects.select_for_update().get(pk=machine_id)
@@ -70,3 +55,45 @@ def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:
         machine.last_seen = timezone.now()
         machine.save(update_fields=["last_seen"])
         services.machine_transition(machine=machine, to=MachineState.HEALTHY)
+
+
+def agent_put(ctx: JobContext, conn: Connection, build: AgentBuild) -> Preflight:
+    """The steps "Check Python" and "Install the agent": this build on the machine, digest checked.
+
+    A machine that holds this build already keeps it (nothing is copied). Only the file is put in
+    place: what runs from an older one (the heartbeat, the blob server) runs on until restarted.
+    """
+    ctx.step("Check Python")
+    preflight = machine_preflight(conn, build)
+    ctx.detail(f"Python {preflight.version} ({preflight.python})")
+    ctx.step("Install the agent")
+    uploaded = agent_install(conn, build, preflight)
+    ctx.detail(f"{build.version} at {preflight.path}" + ("" if uploaded else " (already there)"))
+    ctx.log(f"Agent {build.version} {'uploaded, sha256 checked' if uploaded else 'already installed'}: {preflight.path}")
+    return preflight
+
+
+def heartbeat_start(ctx: JobContext, *, machine: Machine, agent: Agent, preflight: Preflight) -> HeartbeatStarted:
+    """Give the machine a fresh heartbeat token and start its heartbeat daemon on ``agent``.
+
+    The agent restarts a daemon that runs another agent version or configuration, and that daemon
+    only: it stops it by its own pid, so Ray and the containers (processes of their own) run on.
+    """
+    url = remote.console_url(agent.conn, preflight.ssh_client_address) + HEARTBEAT_PATH
+    token, token_hash = services.heartbeat_token_new()
+    with transaction.atomic():
+        # Store the hash first: the first beat may arrive before the command returns.
+        Machine.objects.filter(pk=machine.pk).update(heartbeat_token_hash=token_hash)
+    started = agent.heartbeat_start(url=url, interval=settings.FADEN_HEARTBEAT_INTERVAL, token=token)
+    ctx.detail(f"every {settings.FADEN_HEARTBEAT_INTERVAL} s to {url}")
+    return started
+
+
+def host_key_refused(machine_id: int, exc: remote.HostKeyMismatch) -> JobError:
+    """Keep the key the machine offered for an Administrator to trust, mark it Failed, and say why."""
+    with transaction.atomic():
+        machine = Machine.objects.select_for_update().get(pk=machine_id)
+        machine.offered_host_key_fingerprint = exc.offered
+        machine.save(update_fields=["offered_host_key_fingerprint"])
+        services.machine_transition(machine=machine, to=MachineState.FAILED, reason=exc.message)
+    return JobError(exc.message, kind=exc.kind)

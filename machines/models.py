@@ -8,7 +8,9 @@ from django.db import models
 from django.urls import reverse
 
 from machines import validators
-from machines.choices import MACHINE_BADGE, EventKind, InterfaceKind, MachineState
+from machines.agent import agent_version
+from machines.choices import AGENT_PENDING, MACHINE_BADGE, EventKind, InterfaceKind, MachineState
+from machines.versions import agent_outdated
 
 
 class Machine(models.Model):
@@ -63,6 +65,22 @@ class Machine(models.Model):
     @property
     def badge(self) -> str:
         return MACHINE_BADGE[self.state]
+
+    @property
+    def agent_latest(self) -> str:
+        """The agent version this console ships: what Update agent installs."""
+        return agent_version()
+
+    @property
+    def agent_outdated(self) -> bool:
+        """Its agent is older than the console's (or never reported): the list, the page and the API say so."""
+        return agent_outdated(self.agent_version, agent_version())
+
+    @property
+    def agent_update_available(self) -> bool:
+        """What the list's tag and the page's notice show: an outdated agent on a machine that has one
+        (not one waiting for its host key or being enrolled, which gets the current agent anyway)."""
+        return self.state not in AGENT_PENDING and self.agent_outdated
 
     def accelerator_summary(self) -> str:
         """``8 x H100 80GB``, or ``4 x A100 40GB + 2 x L4`` on a mixed machine; empty without any."""

@@ -10,6 +10,7 @@ import hashlib
 import ipaddress
 import logging
 import secrets
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -31,10 +32,11 @@ from machines.signals import machine_reconnected, machine_went_offline
 
 log = logging.getLogger(__name__)
 
-ENROL_KIND, REFRESH_KIND = "machine.enrol", "machine.refresh"
+ENROL_KIND, REFRESH_KIND, UPDATE_AGENT_KIND = "machine.enrol", "machine.refresh", "machine.update_agent"
 # The machines' counts alone, for pages that show them without the list (the dashboard).
 SUMMARY_TOPIC = "machines:summary"
 ENROL_STEPS = ["Connect", "Check Python", "Install the agent", "Read facts", "Start the heartbeat"]
+UPDATE_AGENT_STEPS = ["Connect", "Check Python", "Install the agent", "Restart the heartbeat", "Check the version"]
 
 
 def machine_changed(machine: Machine) -> None:
@@ -195,6 +197,79 @@ def machine_refresh(*, machine: Machine, user=None) -> Job:
         )
         machine_changed(machine)
     return job
+
+
+# -- updating the agent -----------------------------------------------------------------
+
+
+@dataclass
+class AgentUpdates:
+    """What Update agent did for a selection: the machines it started a job on (and those jobs), the
+    machines that run the console's agent already, and the others with the sentence that says why not."""
+
+    started: list[Machine] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)
+    up_to_date: list[Machine] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+
+def _machines_busy(machine_ids) -> set[int]:
+    """The machines among ``machine_ids`` that a queued or running job of their own holds."""
+    jobs = Job.objects.filter(target_type="machine", target_id__in=list(machine_ids), state__in=JOB_ACTIVE)
+    return set(jobs.values_list("target_id", flat=True))
+
+
+def _update_agent_start(machine: Machine, *, user=None) -> Job:
+    """Write the update job (the machine's row is locked and its offer checked) and send it on commit."""
+    job = job_start(
+        kind=UPDATE_AGENT_KIND,
+        title=f"Update agent on {machine.name}",
+        target_type="machine",
+        target_id=machine.pk,
+        steps=UPDATE_AGENT_STEPS,
+        user=user,
+    )
+    machine_changed(machine)  # its page greys Update agent out while the job runs
+    return job
+
+
+def machine_update_agent(*, machine: Machine, user=None) -> Job:
+    """Install the console's agent on a Healthy machine and restart its heartbeat on it.
+
+    Ray, the runtime's container and the blob server keep running: the agent restarts its heartbeat
+    daemon alone. A machine already up to date gets the job too; it checks, and says so.
+    """
+    actions.UPDATE_AGENT.offer(roles.acting(user)).check()
+    with transaction.atomic():
+        machine = Machine.objects.select_for_update().get(pk=machine.pk)  # one job at a time, even when two ask at once
+        busy = bool(_machines_busy([machine.pk]))
+        actions.update_agent_offer(machine, busy=busy, role=roles.acting(user)).check()
+        return _update_agent_start(machine, user=user)
+
+
+def machines_update_agent(*, machine_ids: list[int], user=None) -> AgentUpdates:
+    """Update agent on each of a selection whose agent is out of date; the others are skipped, each
+    with its reason. The role is checked once, for the whole selection."""
+    actions.UPDATE_AGENT.offer(roles.acting(user)).check()
+    if not machine_ids:
+        raise ValidationError({"machines": "Select the machines whose agent to update."})
+    updates = AgentUpdates()
+    with transaction.atomic():
+        machines = list(Machine.objects.select_for_update().defer("facts").filter(pk__in=machine_ids).order_by("pk"))
+        busy = _machines_busy(m.pk for m in machines)
+        missing = sorted(set(machine_ids) - {m.pk for m in machines})
+        if missing:
+            updates.refused.append(f"No machine has the id {', '.join(map(str, missing))}.")
+        for machine in sorted(machines, key=lambda m: m.name):
+            offer = actions.update_agent_offer(machine, busy=machine.pk in busy, role=roles.acting(user))
+            if not machine.agent_outdated:
+                updates.up_to_date.append(machine)
+            elif not offer.ok:
+                updates.refused.append(offer.why)
+            else:
+                updates.jobs.append(_update_agent_start(machine, user=user))
+                updates.started.append(machine)
+    return updates
 
 
 def machine_delete(*, machine: Machine, user=None) -> None:

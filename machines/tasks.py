@@ -3,7 +3,7 @@ from celery import shared_task
 
 from console.jobs import job_run
 from console.models import Job
-from machines import enrolment, services
+from machines import agent_update, enrolment, services
 
 
 def _push_job(job: Job) -> None:
@@ -14,6 +14,12 @@ def _push_job(job: Job) -> None:
 def machine_enrol(job_id: int) -> None:
     job = Job.objects.get(pk=job_id)
     job_run(job_id, lambda ctx: enrolment.machine_enrol_run(ctx, machine_id=job.target_id), on_change=_push_job)
+
+
+@shared_task(acks_late=True)
+def machine_update_agent(job_id: int) -> None:
+    job = Job.objects.get(pk=job_id)
+    job_run(job_id, lambda ctx: agent_update.machine_update_agent_run(ctx, machine_id=job.target_id), on_change=_push_job)
 
 
 @shared_task

@@ -10,15 +10,18 @@ from django.db.models import Count, Prefetch
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from console import params, roles
 from console.models import Job
 from machines import actions, remote, services
-from machines.choices import MachineState
+from machines.agent import agent_version
+from machines.choices import AGENT_PENDING, MachineState
 from machines.forms import ConfirmHostKeyForm, MachineForm, TrustHostKeyForm
 from machines.models import Accelerator, Machine, MachineEvent
+from machines.versions import agent_outdated
 
 PAGE_SIZE = 50
 
@@ -49,18 +52,31 @@ def recent_events(request) -> dict:
     return {"events": MachineEvent.objects.select_related("machine").defer("machine__facts")[:12]}
 
 
-def _filtered(request):
+def agent_outdated_versions() -> dict[str, int]:
+    """The agent versions older than the console's that machines with an agent report, and how many
+    report each: one query grouped by version (versions order by their numbers, which SQL cannot)."""
+    reported = (Machine.objects.exclude(state__in=AGENT_PENDING).values_list("agent_version")
+                .annotate(n=Count("id")).order_by())
+    latest = agent_version()
+    return {version: n for version, n in reported if agent_outdated(version, latest)}
+
+
+def _filtered(request, outdated: dict[str, int]):
     machines = machine_list_queryset()
     state = request.GET.get("state", "")
     if state in MachineState.values:
         machines = machines.filter(state=state)
     if query := params.text_param(request.GET, "q"):
         machines = machines.filter(name__icontains=query) | machines.filter(address__icontains=query)
-    return machines, state, query
+    agent = params.choice_param(request.GET, "agent", ["outdated"])
+    if agent:
+        machines = machines.exclude(state__in=AGENT_PENDING).filter(agent_version__in=list(outdated))
+    return machines, state, query, agent
 
 
 def machine_list(request):
-    machines, state, query = _filtered(request)
+    outdated = agent_outdated_versions()
+    machines, state, query, agent = _filtered(request, outdated)
     page = Paginator(machines, PAGE_SIZE).get_page(params.int_param(request.GET, "page", default=1))
     return render(
         request,
@@ -72,8 +88,12 @@ def machine_list(request):
             "states": MachineState.choices,
             "state": state,
             "query": query,
+            "agent": agent,
+            "agent_outdated_count": sum(outdated.values()),
             "live_topics": "topic=machines",
             "add": actions.ADD.offer(roles.role_of(request.user)),
+            "update_agent": actions.UPDATE_AGENT.offer(roles.role_of(request.user)),
+            "agent_latest": agent_version(),
         },
     )
 
@@ -154,6 +174,56 @@ def machine_refresh(request, pk: int):
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     return redirect(machine)
+
+
+@require_POST
+def machine_update_agent(request, pk: int):
+    machine = get_object_or_404(Machine, pk=pk)
+    try:
+        services.machine_update_agent(machine=machine, user=request.user)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"Updating the agent on {machine.name} to {agent_version()}; Ray and the runtime keep running.")
+    return redirect(machine)
+
+
+@require_POST
+def machines_update_agent(request):
+    """The list's selection: Update agent on every machine ticked whose agent is out of date."""
+    ids = params.id_list(request.POST.getlist("machines"), name="machines")
+    try:
+        updates = services.machines_update_agent(machine_ids=ids, user=request.user)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        _say_agent_updates(request, updates)
+    back = request.POST.get("next", "")
+    if not (back.startswith(reverse("machines:list")) and url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()})):
+        back = reverse("machines:list")
+    return redirect(back)
+
+
+def _names(machines: list[Machine], limit: int = 8) -> str:
+    """``lab-a, lab-b and lab-c``; past ``limit``, ``lab-a, …, lab-h and 4 more``."""
+    names = [m.name for m in machines]
+    if len(names) > limit:
+        names = [*names[:limit], f"{len(machines) - limit} more"]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _say_agent_updates(request, updates: services.AgentUpdates) -> None:
+    """One line for what started, one for what was up to date, one per refusal. With something started,
+    the refusals are told as information: the request did what it could (the audit trail reads Done)."""
+    latest = agent_version()
+    if updates.started:
+        messages.success(request, f"Updating the agent to {latest} on {_names(updates.started)}; Ray and the runtime keep running.")
+    if updates.up_to_date:
+        verb = "runs" if len(updates.up_to_date) == 1 else "run"
+        messages.info(request, f"{_names(updates.up_to_date)} already {verb} agent {latest}.")
+    say = messages.info if updates.started else messages.warning
+    for why in updates.refused:
+        say(request, why)
 
 
 @require_POST

@@ -65,3 +65,101 @@ class FakeAgents:
     def install(self, monkeypatch) -> FakeAgents:
         monkeypatch.setattr(agent_client.Agent, "open", self.open)
         return self
+
+
+class FakeMachineShell:
+    """A machine behind SSH, for the jobs that speak to it below the agent client (enrolment, Update agent).
+
+    Replaces ``remote.connect``, ``remote.run``, ``remote.upload`` and ``remote.run_agent``, and answers
+    what those jobs send: the preflight script (which Python, whether this build is there), the upload
+    and its digest check, and the agent's commands (``version``, ``heartbeat status|start``), with the
+    agent's version read from the file name, as each build is named. The heartbeat daemon is restarted
+    when its version or token differs, as the agent's ``Daemon.start`` does. Every agent command is
+    recorded as its argv after the agent's path (``["heartbeat", "start", ...]``).
+
+    ``installed``: the build names already on the machine with their sha256; ``heartbeat``: the daemon
+    (``version``, ``pid``, ``running``); ``stuck_heartbeat``: a daemon ``heartbeat start`` fails to
+    replace; ``unreachable``: the words of a connection that fails.
+    """
+
+    HOME = "/opt/fadenstack"
+
+    def __init__(self, *, installed: dict[str, str] | None = None, heartbeat: dict | None = None,
+                 stuck_heartbeat: bool = False, unreachable: str = ""):
+        self.files = {f"{self.HOME}/agent/{name}": digest for name, digest in (installed or {}).items()}
+        self.heartbeat = {"running": False, "version": "", "pid": 4000, "token": None, **(heartbeat or {})}
+        self.stuck_heartbeat = stuck_heartbeat
+        self.unreachable = unreachable
+        self.uploads: dict[str, str] = {}
+        self.commands: list[list[str]] = []
+        self.agent_paths: list[str] = []
+
+    def install(self, monkeypatch) -> FakeMachineShell:
+        from machines import remote
+
+        monkeypatch.setattr(remote, "connect", self.connect)
+        monkeypatch.setattr(remote, "run", self.run)
+        monkeypatch.setattr(remote, "upload", self.upload)
+        monkeypatch.setattr(remote, "run_agent", self.run_agent)
+        return self
+
+    @contextmanager
+    def connect(self, target):
+        from machines import remote
+
+        if self.unreachable:
+            raise remote.RemoteError(self.unreachable, kind="unreachable")
+        yield type("FakeConnection", (), {"host": target.address})()
+
+    def run(self, conn, argv, *, stdin=None, timeout=None):
+        import json
+
+        from machines import agent, remote
+
+        if argv[1:3] == ["-c", agent._PREFLIGHT]:
+            path = f"{self.HOME}/agent/{argv[3]}"
+            found = {"python": "/usr/bin/python3", "version": "3.12.3", "supported": True, "path": path,
+                     "sha256": self.files.get(path), "ssh_connection": "198.18.0.1 50022 198.18.0.11 22"}
+            return remote.CommandResult(exit_status=0, stdout=json.dumps(found), stderr="")
+        if argv[1:3] == ["-c", agent._VERIFY_AND_MOVE]:
+            partial, final, expected = argv[3:6]
+            got = self.uploads.pop(partial)
+            if got != expected:
+                return remote.CommandResult(exit_status=1, stdout="", stderr=f"sha256 {got}")
+            self.files[final] = got
+            return remote.CommandResult(exit_status=0, stdout="", stderr="")
+        raise AssertionError(f"the fake machine does not know {argv}")
+
+    def upload(self, conn, local, remote_path: str) -> None:
+        import hashlib
+
+        self.uploads[remote_path] = hashlib.sha256(local.read_bytes()).hexdigest()
+
+    def run_agent(self, conn, argv, *, stdin=None, timeout=None, on_event=None, abort=None) -> dict:
+        import re
+
+        from machines import remote
+
+        path, command = argv[1], list(argv[2:])
+        if path not in self.files:
+            raise remote.RemoteError(f"python3: can't open file {path!r}", kind="retryable")
+        self.commands.append(command)
+        self.agent_paths.append(path)
+        version = re.fullmatch(r".*/fadenstack-agent-(.+)\.pyz", path).group(1)
+        daemon = self.heartbeat
+        if command == ["version"]:
+            return {"event": "result", "version": version}
+        if command == ["heartbeat", "status"]:
+            return {"event": "result", "running": daemon["running"], "configured": daemon["token"] is not None,
+                    "pid": daemon["pid"] if daemon["running"] else None,
+                    "version": daemon["version"] if daemon["running"] else None}
+        if command[:2] == ["heartbeat", "start"]:
+            token = stdin.decode().strip()
+            was_running = daemon["running"]
+            if self.stuck_heartbeat:
+                return {"event": "result", "running": True, "pid": daemon["pid"], "restarted": False}
+            if not was_running or daemon["version"] != version or daemon["token"] != token:
+                daemon.update(running=True, version=version, token=token, pid=daemon["pid"] + 1)
+                return {"event": "result", "running": True, "pid": daemon["pid"], "restarted": was_running}
+            return {"event": "result", "running": True, "pid": daemon["pid"], "restarted": False}
+        return {"event": "result"}

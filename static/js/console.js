@@ -224,3 +224,77 @@
     if (field && field.form) field.form.requestSubmit();
   });
 })();
+
+// Selections in a list: row checkboxes <input type="checkbox" name="N">, a header box
+// <input data-select-all="N"> that ticks every one on the page, buttons [data-needs-selection="N"]
+// that wait for a tick, and [data-selection-count="N"] that says how many are ticked. A live push
+// replaces rows whole, so the ticks are kept by value and put back after every message.
+(function () {
+  "use strict";
+
+  var ticked = {}; // name -> {value: true}
+
+  function names() {
+    var found = {};
+    document.querySelectorAll("[data-select-all], [data-needs-selection]").forEach(function (el) {
+      found[el.getAttribute("data-select-all") || el.getAttribute("data-needs-selection")] = true;
+    });
+    return Object.keys(found);
+  }
+
+  function boxes(name) {
+    return document.querySelectorAll('input[type="checkbox"][name="' + name + '"]');
+  }
+
+  function show(name) {
+    var all = boxes(name), count = 0;
+    var chosen = ticked[name] || (ticked[name] = {});
+    all.forEach(function (box) {
+      box.checked = !!chosen[box.value];
+      var row = box.closest("tr");
+      if (row) row.classList.toggle("is-selected", box.checked);
+      if (box.checked) count += 1;
+    });
+    document.querySelectorAll('[data-needs-selection="' + name + '"]').forEach(function (button) {
+      button.disabled = count === 0;
+      button.title = count === 0 ? "Tick the machines to act on first" : "";
+    });
+    document.querySelectorAll('[data-selection-count="' + name + '"]').forEach(function (label) {
+      label.hidden = count === 0;
+      label.textContent = count + " selected";
+    });
+    document.querySelectorAll('[data-select-all="' + name + '"]').forEach(function (head) {
+      head.checked = count > 0 && count === all.length;
+      head.indeterminate = count > 0 && count < all.length;
+    });
+  }
+
+  function showAll() { names().forEach(show); }
+
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (!box.matches || !box.matches('input[type="checkbox"]')) return;
+    var head = box.getAttribute("data-select-all");
+    var name = head || box.name;
+    if (names().indexOf(name) < 0) return;
+    var chosen = ticked[name] || (ticked[name] = {});
+    if (head) {
+      boxes(name).forEach(function (one) { if (box.checked) chosen[one.value] = true; else delete chosen[one.value]; });
+    } else if (box.checked) {
+      chosen[box.value] = true;
+    } else {
+      delete chosen[box.value];
+    }
+    show(name);
+  });
+
+  document.addEventListener("DOMContentLoaded", function () {
+    // A page shown again from the browser's history keeps its ticks: start from them.
+    names().forEach(function (name) {
+      var chosen = ticked[name] || (ticked[name] = {});
+      boxes(name).forEach(function (box) { if (box.checked) chosen[box.value] = true; });
+      show(name);
+    });
+  });
+  document.addEventListener("htmx:wsAfterMessage", showAll);
+})();

@@ -98,6 +98,8 @@ CASES = [
                                   "host_key_fingerprint": "{scanned}"}),
          api=("post", "/api/machines/", {"name": "gpu-new", "address": "198.18.0.99"})),
     Case("refresh facts", machine_actions.REFRESH, page=("/machines/{free}/refresh/", {}), api=("post", "/api/machines/{free}/refresh/", {})),
+    Case("update the agent", machine_actions.UPDATE_AGENT, page=("/machines/{free}/update-agent/", {}),
+         api=("post", "/api/machines/{free}/update-agent/", {})),
     Case("trust a host key", machine_actions.TRUST, page=("/machines/{awaiting_key}/trust-host-key/", {"fingerprint": "{offered}"}),
          api=("post", "/api/machines/{awaiting_key}/trust-host-key/", {"fingerprint": "{offered}"})),
     Case("delete a machine", machine_actions.DELETE, page=("/machines/{spare}/delete/", {}), api=("delete", "/api/machines/{spare}/", {})),

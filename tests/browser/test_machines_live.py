@@ -81,3 +81,22 @@ def test_the_dashboards_summary_changes_live_and_nothing_it_is_sent_misses_its_p
     expect(healthy).to_have_text("0")
     assert_not_reloaded(page)
     assert not [e for e in errors if "oobErrorNoTarget" in e]
+
+
+def test_ticked_machines_wake_update_agent_and_stay_ticked_when_their_row_changes_live(page):
+    old = MachineFactory(name="gpu-01", agent_version="0.0.1")
+    MachineFactory(name="gpu-02")
+    page.goto("/machines/")
+    wait_until_live(page)
+    button = page.locator("button[data-needs-selection=machines]")
+    expect(page.locator(f"#machine-row-{old.pk}")).to_contain_text("update available")
+    expect(button).to_be_disabled()
+
+    page.check(f"#machine-row-{old.pk} input[name=machines]")
+
+    expect(button).to_be_enabled()
+    expect(page.locator("[data-selection-count=machines]")).to_have_text("1 selected")
+    services.machine_transition(machine=old, to=MachineState.OFFLINE, reason="No heartbeat for 31 s.")
+    expect(page.locator(f"#machine-row-{old.pk} .badge")).to_have_text("Offline")
+    expect(page.locator(f"#machine-row-{old.pk} input[name=machines]")).to_be_checked()
+    expect(page.locator(f"#machine-row-{old.pk}")).to_have_class(re.compile("is-selected"))
