@@ -9,6 +9,7 @@ urlpatterns = [
     path("add/", views.machine_add, name="add"),
     path("<id:pk>/", views.machine_detail, name="detail"),
     path("<id:pk>/refresh/", views.machine_refresh, name="refresh"),
+    path("<id:pk>/runtime/", views.machine_runtime_choose, name="runtime"),
     path("<id:pk>/trust-host-key/", views.machine_trust_host_key, name="trust-host-key"),
     path("<id:pk>/delete/", views.machine_delete, name="delete"),
 ]
