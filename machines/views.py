@@ -127,14 +127,13 @@ def machine_add(request):
 def runtime_options(machine: Machine) -> dict:
     """The runtime card's radio buttons: automatic, then each engine, the ones not found greyed out."""
     found = {r.name: r for r in machine.runtimes_found()}
-    automatic = runtimes.in_use(configured=None, found=list(found.values()), choice="")
     choices = [{"value": RuntimeChoice.AUTOMATIC, "label": "Automatic", "found": True, "version": "",
-                "help": "Docker when the machine has it, else Podman" + (f": {automatic.label} now." if automatic else ".")}]
+                "help": "Docker when found, else Podman."}]
     for engine in runtimes.ENGINES:
         runtime = found.get(engine)
         choices.append({"value": engine, "label": runtimes.label(engine), "found": runtime is not None,
                         "version": runtime.version if runtime else "",
-                        "help": "Found by its agent." if runtime else f"Not found on {machine.name}."})
+                        "help": f"Found on {machine.name}." if runtime else f"Not found on {machine.name}."})
     return {"found": list(found.values()), "choices": choices}
 
 

@@ -52,7 +52,7 @@ def test_a_machine_without_a_runtime_picked_by_hand_blocks_next_with_the_sentenc
 
     html = unescape(admin_client.get(f"/clusters/new/?step=network&name=gpu-room&machines={ready.pk},{bare.pk}").content.decode())
 
-    assert SENTENCE in html
+    assert f"{SENTENCE}. Remove it from the selection." in html
     assert 'name="network"' not in html  # sent back to the machine step
 
 
