@@ -11,6 +11,8 @@ import re
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from machines.runtimes import no_runtime
+
 # ------------------------------------------------------------------ messages
 
 NO_SHARED_NETWORK = "These machines cannot form a cluster yet."
@@ -66,6 +68,13 @@ class Candidate:
     interfaces: tuple[Iface, ...] = ()
     ssh_address: str = ""  # where the console reaches it: that network carries management traffic
     state_label: str = ""  # the state as the page shows it ("Offline"); the state capitalised if empty
+    container_runtime: str = ""  # the runtime in use ("docker", "podman", the lab's "process"); "": none
+
+    @property
+    def pickable(self) -> bool:
+        """Whether the wizard lets it be ticked at all: a machine without a runtime is not, nor one in
+        another cluster or not Healthy (one without a runtime image may be, and blocks Next)."""
+        return not self.cluster_name and self.state == HEALTHY and bool(self.container_runtime)
 
 
 @dataclass(frozen=True)
@@ -177,6 +186,8 @@ def refusal_for(candidate: Candidate, build: ImageBuild | None) -> str:
         label = candidate.state_label or candidate.state.replace("_", " ").capitalize()
         reason = ": " + _sentence(candidate.state_reason) if candidate.state_reason.strip() else "."
         return NOT_HEALTHY.format(name=candidate.name, state=label, reason=reason)
+    if not candidate.container_runtime:
+        return no_runtime(candidate.name)
     if build is None:
         return f"{NO_RUNTIME}{candidate.name} ({_kind_of_machine(candidate)})."
     return ""

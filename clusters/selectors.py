@@ -31,7 +31,7 @@ def candidates(machine_ids=None) -> list[planning.Candidate]:
         if not machine_ids:
             return []
     machines = Machine.objects.order_by("name").values_list(
-        "id", "name", "state", "state_reason", "arch", "address", "membership__cluster__name")
+        "id", "name", "state", "state_reason", "arch", "address", "membership__cluster__name", "container_runtime")
     accelerators = Accelerator.objects.values_list("machine_id", "vendor", "model").annotate(
         count=Count("id"), first=Min("index")).order_by()
     interfaces = NetworkInterface.objects.order_by("machine_id", "name").values_list(
@@ -57,9 +57,9 @@ def candidates(machine_ids=None) -> list[planning.Candidate]:
             id=pk, name=name, state=state, state_label=labels.get(state, state), state_reason=reason, arch=arch,
             accelerator_vendor=kinds[pk][1] if pk in kinds else "", accelerator_count=counts.get(pk, 0),
             accelerator_model=kinds[pk][2] if pk in kinds else "", cluster_name=cluster_name, ssh_address=address,
-            interfaces=tuple(ifaces.get(pk, ())),
+            interfaces=tuple(ifaces.get(pk, ())), container_runtime=container_runtime,
         )
-        for pk, name, state, reason, arch, address, cluster_name in machines
+        for pk, name, state, reason, arch, address, cluster_name, container_runtime in machines
     ]
 
 
@@ -179,7 +179,7 @@ def clusters_with_totals() -> QuerySet[Cluster]:
 # -- finding machines among many (the wizard's machine step, Add machines, join candidates) --------
 
 PAGE_SIZE = 50
-AVAILABLE = "available"  # healthy and in no cluster: what can be picked
+AVAILABLE = "available"  # healthy, in no cluster and with a container runtime: what can be picked
 NO_ACCELERATORS = "none"
 
 
@@ -236,7 +236,7 @@ def machines_page(found: MachineFilter, *, exclude=()) -> MachinePage:
     if found.q:
         machines = machines.filter(name__icontains=found.q)
     if found.state == AVAILABLE:
-        machines = machines.filter(state=MachineState.HEALTHY, membership__isnull=True)
+        machines = machines.filter(state=MachineState.HEALTHY, membership__isnull=True).exclude(container_runtime="")
     elif found.state:
         machines = machines.filter(state=found.state)
     if found.kind == NO_ACCELERATORS:

@@ -1,7 +1,7 @@
 """What a machine allows now, and to whom; when not, the sentence that says why.
 
 Adding and deleting a machine and trusting its host key decide which machines the console trusts
-with its SSH key: an Administrator's. Refreshing facts runs the enrolment again on a machine whose
+with its SSH key: an Administrator's, and so is choosing the container runtime its clusters run in. Refreshing facts runs the enrolment again on a machine whose
 key is trusted already (and brings its agent up to date, which a cluster may need): an Operator's.
 Updating the agent installs the console's agent on such a machine and restarts its heartbeat
 alone, leaving what runs there running: an Operator's too.
@@ -21,6 +21,8 @@ TRUST = Action("trusting a host key", ADMINISTRATOR)
 DELETE = Action("deleting a machine", ADMINISTRATOR)
 REFRESH = Action("refreshing a machine's facts", OPERATOR)
 UPDATE_AGENT = Action("updating a machine's agent", OPERATOR)
+# Which engine runs the machine's containers: like enrolling it, an Administrator's.
+CHOOSE_RUNTIME = Action("choosing a machine's container runtime", ADMINISTRATOR)
 
 
 def refresh_offer(machine: Machine, *, busy: bool, role: roles.Role | None) -> Offer:
@@ -67,4 +69,5 @@ def machine_actions(machine: Machine, *, busy: bool, role: roles.Role | None) ->
         "update_agent": update_agent_offer(machine, busy=busy, role=role),
         "trust": TRUST.offer(role),
         "delete": delete_offer(machine, role=role),
+        "runtime": CHOOSE_RUNTIME.offer(role),
     }

@@ -24,7 +24,9 @@ class MachineAdmin(admin.ModelAdmin):
     readonly_fields = [
         "state", "state_reason", "state_changed_at", "host_key_fingerprint", "offered_host_key_fingerprint",
         "arch", "hostname", "cpu_count", "memory_mib", "store_path", "store_free_bytes", "store_total_bytes",
-        "container_runtime", "agent_version", "agent_path", "python_path", "facts", "facts_at", "heartbeat_token_hash",
+        "container_runtime", "container_runtime_version", "container_runtimes", "configured_runtime",
+        "runtime_choice",  # chosen on the machine's page or the API, which check the machine has it
+        "agent_version", "agent_path", "python_path", "facts", "facts_at", "heartbeat_token_hash",
         "last_seen", "created_at",
     ]  # what enrolment, heartbeats and health checks write; the rest is validated as Add a machine does (the model's validators)
     inlines = [AcceleratorInline, InterfaceInline]

@@ -111,6 +111,10 @@ class FileSpec:
     chunk_hashes: list[str] = field(repr=False)
 
 
+def _driver(driver: str) -> list[str]:
+    return ["--driver", driver] if driver else []
+
+
 def _ray_status(raw: dict) -> RayStatus:
     nodes = tuple(
         RayNode(address=str(n.get("address", "")), alive=bool(n.get("alive")), gpus=int(n.get("gpus") or 0),
@@ -193,11 +197,15 @@ class Agent:
 
     # -- the runtime ----------------------------------------------------------------------------
 
-    def image_load(self, digest: str, *, abort: Abort | None = None) -> None:
-        self._call("image", "load", "--digest", digest, timeout=120, abort=abort)
+    def image_load(self, digest: str, *, driver: str, abort: Abort | None = None) -> None:
+        """Load image D into the runtime ``driver`` (the machine's runtime in use; its agent config's
+        own driver wins, as in the lab). Without one the agent picks, and says there is none."""
+        self._call("image", "load", "--digest", digest, *_driver(driver), timeout=120, abort=abort)
 
-    def runtime_start(self, digest: str, *, abort: Abort | None = None) -> None:
-        self._call("runtime", "start", "--digest", digest, timeout=120, abort=abort)
+    def runtime_start(self, digest: str, *, driver: str, cluster: str, abort: Abort | None = None) -> None:
+        """Start the runtime of the loaded image D with ``driver``; the container is named after the
+        cluster (``fadenstack-<cluster>``) and labelled with it."""
+        self._call("runtime", "start", "--digest", digest, *_driver(driver), "--cluster", cluster, timeout=120, abort=abort)
 
     def runtime_stop(self) -> None:
         """Stop Ray and the runtime; a no-op where nothing runs."""

@@ -1,4 +1,5 @@
-"""REST for machines: list, add, read, delete, refresh, trust a host key, update the agent. Same services as the pages."""
+"""REST for machines: list, add, read, choose the container runtime, delete, refresh, trust a host key,
+update the agent. Same services as the pages."""
 import functools
 
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -11,6 +12,7 @@ from rest_framework.response import Response
 from console import api
 from console.models import Job
 from machines import services
+from machines.choices import RuntimeChoice
 from machines.models import Accelerator, Machine, NetworkInterface
 from machines.validators import (
     validate_address,
@@ -41,8 +43,17 @@ class InterfaceSerializer(serializers.ModelSerializer):
         fields = ["name", "kind", "addresses", "speed_mbps", "default_route", "management", "mac", "mtu", "state"]
 
 
+class RuntimeSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="docker or podman")
+    version = serializers.CharField(allow_blank=True)
+
+
 class MachineSerializer(serializers.ModelSerializer):
     state_display = serializers.SerializerMethodField()
+    container_runtime = serializers.CharField(
+        read_only=True, help_text="The container runtime in use (the config's driver, else the choice, else Docker, "
+        "else Podman); empty: none, and the machine cannot be picked for a cluster")
+    container_runtimes = RuntimeSerializer(many=True, read_only=True, help_text="Every engine the agent found")
     accelerators = serializers.SerializerMethodField()
     interfaces = InterfaceSerializer(many=True, read_only=True)
     url = serializers.HyperlinkedIdentityField(view_name="machine-detail")
@@ -55,8 +66,9 @@ class MachineSerializer(serializers.ModelSerializer):
         fields = [
             "id", "url", "name", "address", "ssh_port", "ssh_user", "state", "state_display", "state_reason",
             "host_key_fingerprint", "offered_host_key_fingerprint", "arch", "hostname", "cpu_count", "memory_mib",
-            "store_path", "store_free_bytes", "container_runtime", "agent_version", "agent_latest", "agent_outdated",
-            "accelerators", "interfaces",
+            "store_path", "store_free_bytes", "container_runtime", "container_runtime_version", "container_runtimes",
+            "configured_runtime", "runtime_choice", "agent_version", "agent_latest", "agent_outdated", "accelerators",
+            "interfaces",
             "last_seen", "facts_at", "created_at",
         ]
         read_only_fields = fields
@@ -94,6 +106,17 @@ class MachineCreateSerializer(serializers.Serializer):
     )
 
 
+class MachineChangeSerializer(serializers.Serializer):
+    """What PATCH changes on a machine: the container runtime its clusters start with."""
+
+    runtime_choice = serializers.ChoiceField(
+        choices=RuntimeChoice.choices,
+        help_text='"" (automatic: Docker when the machine has it, else Podman), "docker" or "podman": '
+        "an engine the machine's agent found. Used from the next start of its cluster.",
+        error_messages={"invalid_choice": 'Choose "docker", "podman" or "" (automatic): "{input}" is not a container runtime.'},
+    )
+
+
 class TrustHostKeySerializer(serializers.Serializer):
     fingerprint = serializers.CharField(help_text="The fingerprint the machine offered (SHA256:...)")
 
@@ -124,6 +147,16 @@ class MachineViewSet(
         machine = services.machine_create(**data.validated_data, user=request.user)
         body = MachineSerializer(machine, context={"request": request}).data
         return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=MachineChangeSerializer, responses={200: MachineSerializer})
+    def partial_update(self, request, pk=None):
+        """Choose the container runtime (``runtime_choice``); an Administrator's. An engine the machine
+        does not have is refused with a 400 that says so."""
+        data = MachineChangeSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        machine = services.machine_runtime_choose(machine=self.get_object(), choice=data.validated_data["runtime_choice"],
+                                                  user=request.user)
+        return Response(MachineSerializer(machine, context={"request": request}).data)
 
     def perform_destroy(self, machine):
         services.machine_delete(machine=machine, user=self.request.user)

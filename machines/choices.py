@@ -47,3 +47,12 @@ class EventKind(models.TextChoices):
     RECONNECTED = "reconnected", "Reconnected"
     HOST_KEY = "host_key", "Host key"
     FACTS = "facts", "Facts"
+    RUNTIME = "runtime", "Container runtime"
+
+
+class RuntimeChoice(models.TextChoices):
+    """The container runtime an administrator chose for a machine (machines/runtimes.py has the rule)."""
+
+    AUTOMATIC = "", "Automatic"  # Docker when the machine has it, else Podman
+    DOCKER = "docker", "Docker"
+    PODMAN = "podman", "Podman"

@@ -7,9 +7,9 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.urls import reverse
 
-from machines import validators
+from machines import runtimes, validators
 from machines.agent import agent_version
-from machines.choices import AGENT_PENDING, MACHINE_BADGE, EventKind, InterfaceKind, MachineState
+from machines.choices import AGENT_PENDING, MACHINE_BADGE, EventKind, InterfaceKind, MachineState, RuntimeChoice
 from machines.versions import agent_outdated
 
 
@@ -40,7 +40,20 @@ class Machine(models.Model):
     store_path = models.CharField(max_length=255, blank=True)
     store_free_bytes = models.PositiveBigIntegerField(null=True, blank=True)
     store_total_bytes = models.PositiveBigIntegerField(null=True, blank=True)
-    container_runtime = models.CharField(max_length=64, blank=True)
+    # The runtime in use (machines/runtimes.py: the config's driver, else the choice, else Docker, else
+    # Podman), kept on the row so that lists and the cluster planner read it without the facts.
+    container_runtime = models.CharField(max_length=64, blank=True, help_text="The container runtime in use; empty: none")
+    container_runtime_version = models.CharField(max_length=64, blank=True)
+    container_runtimes = models.JSONField(
+        default=list, blank=True, help_text="Every engine the agent found: [{name, version}]"
+    )
+    configured_runtime = models.CharField(
+        max_length=64, blank=True, help_text="The driver the machine's agent config names (the lab's process), if any"
+    )
+    runtime_choice = models.CharField(
+        max_length=16, choices=RuntimeChoice.choices, default=RuntimeChoice.AUTOMATIC, blank=True,
+        help_text="The administrator's choice among the engines found; empty: automatic",
+    )
     agent_version = models.CharField(max_length=32, blank=True)
     agent_path = models.CharField(max_length=255, blank=True)
     python_path = models.CharField(max_length=255, blank=True, help_text="The Python the agent runs with")
@@ -81,6 +94,19 @@ class Machine(models.Model):
         """What the list's tag and the page's notice show: an outdated agent on a machine that has one
         (not one waiting for its host key or being enrolled, which gets the current agent anyway)."""
         return self.state not in AGENT_PENDING and self.agent_outdated
+
+    @property
+    def runtime(self) -> runtimes.Runtime | None:
+        """The container runtime in use, with its version; None when the machine has none."""
+        return runtimes.Runtime(self.container_runtime, self.container_runtime_version) if self.container_runtime else None
+
+    def runtimes_found(self) -> list[runtimes.Runtime]:
+        """The engines the agent found, as it last reported them."""
+        return runtimes.found_in({"container_runtimes": self.container_runtimes})
+
+    def no_runtime(self) -> str:
+        """The sentence the pages, the wizard and the services say of this machine when it has no runtime."""
+        return runtimes.no_runtime(self.name)
 
     def accelerator_summary(self) -> str:
         """``8 x H100 80GB``, or ``4 x A100 40GB + 2 x L4`` on a mixed machine; empty without any."""

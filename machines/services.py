@@ -25,7 +25,7 @@ from console.jobs import job_start
 from console.lifecycle import InvalidTransition, transition  # noqa: F401 - InvalidTransition is part of this API
 from console.models import Job
 from console.pruning import delete_in_batches
-from machines import actions, remote
+from machines import actions, remote, runtimes
 from machines.choices import TRANSITIONS, EventKind, InterfaceKind, MachineState
 from machines.models import Accelerator, Machine, MachineEvent, NetworkInterface
 from machines.signals import machine_reconnected, machine_went_offline
@@ -297,7 +297,6 @@ def heartbeat_token_new() -> tuple[str, str]:
 def machine_facts_apply(*, machine: Machine, facts: dict) -> None:
     """Store what the agent reported: the row's summary fields, its accelerators and interfaces."""
     store = facts.get("store") or {}
-    runtime = facts.get("container_runtime") or {}
     machine.facts = facts
     machine.facts_at = timezone.now()
     machine.arch = str(facts.get("arch", ""))[:32]
@@ -307,7 +306,10 @@ def machine_facts_apply(*, machine: Machine, facts: dict) -> None:
     machine.store_path = str(store.get("path", ""))[:255]
     machine.store_free_bytes = store.get("free_bytes")
     machine.store_total_bytes = store.get("total_bytes")
-    machine.container_runtime = str(runtime.get("name", "")) if runtime else ""
+    machine.container_runtimes = [r.as_dict() for r in runtimes.found_in(facts)]
+    configured = runtimes.configured_in(facts)
+    machine.configured_runtime = configured.name if configured else ""
+    _runtime_settle(machine, configured=configured)
     machine.agent_version = str(facts.get("agent_version", ""))[:32]
     machine.save()
     machine.accelerators.all().delete()
@@ -328,6 +330,37 @@ def machine_facts_apply(*, machine: Machine, facts: dict) -> None:
         _interface_row(machine, iface) for iface in facts.get("interfaces") or [] if iface.get("name")
     )
     machines_summary_changed()  # the accelerators' count
+
+
+def _runtime_settle(machine: Machine, *, configured: runtimes.Runtime | None) -> None:
+    """Work out the runtime in use from what the agent found and the choice (not saved here)."""
+    runtime = runtimes.in_use(configured=configured, found=machine.runtimes_found(), choice=machine.runtime_choice)
+    machine.container_runtime = runtime.name if runtime else ""
+    machine.container_runtime_version = runtime.version if runtime else ""
+
+
+def machine_runtime_choose(*, machine: Machine, choice: str, user=None) -> Machine:
+    """Choose the container runtime the machine's clusters start with: "" (automatic) or an engine its
+    agent found. A cluster running on it keeps its containers; its next start uses the choice."""
+    actions.CHOOSE_RUNTIME.offer(roles.acting(user)).check()
+    with transaction.atomic():
+        machine = Machine.objects.select_for_update().get(pk=machine.pk)
+        refusal = runtimes.choice_refusal(machine_name=machine.name, choice=choice, found=machine.runtimes_found())
+        if refusal:
+            raise ValidationError({"runtime_choice": refusal})
+        if choice == machine.runtime_choice:
+            return machine
+        before = machine.get_runtime_choice_display()
+        machine.runtime_choice = choice
+        configured = runtimes.Runtime(machine.configured_runtime, machine.container_runtime_version) if (
+            machine.configured_runtime) else None
+        _runtime_settle(machine, configured=configured)
+        machine.save(update_fields=["runtime_choice", "container_runtime", "container_runtime_version"])
+        in_use = machine.runtime.label if machine.runtime else "none"
+        machine_event(machine=machine, kind=EventKind.RUNTIME,
+                      message=f"Container runtime: {machine.get_runtime_choice_display()} in place of {before}; in use: {in_use}.")
+        machine_changed(machine)
+    return machine
 
 
 def _interface_row(machine: Machine, iface: dict) -> NetworkInterface:

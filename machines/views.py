@@ -16,9 +16,9 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from console import params, roles
 from console.models import Job
-from machines import actions, remote, services
+from machines import actions, remote, runtimes, services
 from machines.agent import agent_version
-from machines.choices import AGENT_PENDING, MachineState
+from machines.choices import AGENT_PENDING, MachineState, RuntimeChoice
 from machines.forms import ConfirmHostKeyForm, MachineForm, TrustHostKeyForm
 from machines.models import Accelerator, Machine, MachineEvent
 from machines.versions import agent_outdated
@@ -144,6 +144,19 @@ def machine_add(request):
     return render(request, "machines/machine_add.html", context)
 
 
+def runtime_options(machine: Machine) -> dict:
+    """The runtime card's radio buttons: automatic, then each engine, the ones not found greyed out."""
+    found = {r.name: r for r in machine.runtimes_found()}
+    choices = [{"value": RuntimeChoice.AUTOMATIC, "label": "Automatic", "found": True, "version": "",
+                "help": "Docker when found, else Podman."}]
+    for engine in runtimes.ENGINES:
+        runtime = found.get(engine)
+        choices.append({"value": engine, "label": runtimes.label(engine), "found": runtime is not None,
+                        "version": runtime.version if runtime else "",
+                        "help": f"Found on {machine.name}." if runtime else f"Not found on {machine.name}."})
+    return {"found": list(found.values()), "choices": choices}
+
+
 def machine_cards(machine: Machine, *, role: roles.Role | None) -> dict:
     """Everything a machine's page shows, for ``role``; the page, htmx and the websocket render from this."""
     jobs = list(Job.objects.filter(target_type="machine", target_id=machine.pk)[:5])
@@ -152,6 +165,7 @@ def machine_cards(machine: Machine, *, role: roles.Role | None) -> dict:
         "machine": machine,
         "role": role,
         "actions": actions.machine_actions(machine, busy=busy, role=role),
+        "runtime_options": runtime_options(machine),
         "accelerators": list(machine.accelerators.all()),
         "interfaces": list(machine.interfaces.all()),
         "job": jobs[0] if jobs else None,
@@ -224,6 +238,31 @@ def _say_agent_updates(request, updates: services.AgentUpdates) -> None:
     say = messages.info if updates.started else messages.warning
     for why in updates.refused:
         say(request, why)
+
+
+@require_POST
+def machine_runtime_choose(request, pk: int):
+    """The runtime card's form (htmx): the choice is saved, or refused with the sentence; either way the
+    page is shown again with it at the top, and the card with what is now in use."""
+    machine = get_object_or_404(Machine, pk=pk)
+    try:
+        machine = services.machine_runtime_choose(machine=machine, choice=request.POST.get("runtime_choice", ""),
+                                                  user=request.user)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, _runtime_saved(machine))
+    url = machine.get_absolute_url()
+    return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+
+
+def _runtime_saved(machine: Machine) -> str:
+    if machine.configured_runtime:
+        return (f"Saved. The agent config on {machine.name} names the {machine.configured_runtime} driver, "
+                "which it uses whatever is chosen.")
+    in_use = machine.runtime
+    words = f"{in_use.label} {in_use.version}".strip() if in_use else "no container runtime"
+    return f"{machine.name} runs its clusters' containers with {words} from their next start."
 
 
 @require_POST

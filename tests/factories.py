@@ -57,8 +57,17 @@ class MachineFactory(factory.django.DjangoModelFactory):
     arch = "x86_64"
     agent_version = factory.LazyFunction(agent_version)
     last_seen = factory.LazyFunction(timezone.now)
+    # Docker found and in use, as on a real GPU machine (the lab's report "process", configured).
+    container_runtime = "docker"
+    container_runtime_version = "27.3.1"
+    container_runtimes = factory.LazyFunction(lambda: [{"name": "docker", "version": "27.3.1"}])
 
     class Params:
+        # Neither Docker nor Podman found: it cannot be picked for a cluster.
+        no_runtime = factory.Trait(container_runtime="", container_runtime_version="", container_runtimes=[])
+        # Both found; Docker in use unless ``runtime_choice="podman"`` (give container_runtime too).
+        both_runtimes = factory.Trait(container_runtimes=[{"name": "docker", "version": "27.3.1"},
+                                                          {"name": "podman", "version": "4.9.3"}])
         # A machine just added without a fingerprint: it waits for an administrator to confirm the key.
         awaiting_host_key = factory.Trait(
             state=MachineState.HOST_KEY,
@@ -66,6 +75,9 @@ class MachineFactory(factory.django.DjangoModelFactory):
             offered_host_key_fingerprint=factory.LazyAttribute(lambda m: fingerprint_for(m.name + "-offered")),
             agent_version="",
             last_seen=None,
+            container_runtime="",
+            container_runtime_version="",
+            container_runtimes=[],
         )
 
 

@@ -201,17 +201,23 @@ def _check_images_held(members: list[ClusterMember]) -> None:
 
 
 def _drop_unusable(members: list[ClusterMember], head: ClusterMember) -> list[ClusterMember]:
-    """Machines that are not Healthy now sit this start out and say why; the head cannot."""
+    """Machines that are not Healthy now, or lost their container runtime since they were picked, sit
+    this start out and say why; the head cannot."""
     usable = []
     for member in members:
         machine = member.machine
-        if machine.state == MachineState.HEALTHY:
+        if machine.state == MachineState.HEALTHY and machine.container_runtime:
             usable.append(member)
             continue
-        why = f" ({machine.state_reason.rstrip('.')})" if machine.state_reason else ""
-        reason = f"{machine.name} is {machine.get_state_display().lower()}{why}."
-        if member is head:
-            raise JobError(f"The head {reason}", kind="retryable")
+        if machine.state == MachineState.HEALTHY:  # no retry installs Docker: a person must
+            reason = machine.no_runtime()
+            if member is head:
+                raise JobError(reason, kind="not_retryable")
+        else:
+            why = f" ({machine.state_reason.rstrip('.')})" if machine.state_reason else ""
+            reason = f"{machine.name} is {machine.get_state_display().lower()}{why}."
+            if member is head:
+                raise JobError(f"The head {reason}", kind="retryable")
         member_transition(member, to=MemberState.FAILED, reason=reason)
     return usable
 
@@ -223,8 +229,9 @@ def _load_and_start_runtime(member: ClusterMember, board: ProgressBoard) -> None
 
     def load(agent) -> None:
         _clear_leftover(member, agent)
-        agent.image_load(digest, abort=abort)
-        agent.runtime_start(digest, abort=abort)
+        driver = member.machine.container_runtime
+        agent.image_load(digest, driver=driver, abort=abort)
+        agent.runtime_start(digest, driver=driver, cluster=member.cluster.name, abort=abort)
 
     on_member(member, load)
 

@@ -317,6 +317,60 @@ def test_deleting_a_machine_that_belongs_to_a_cluster_is_refused_with_a_message(
     assert Machine.objects.filter(pk=machine.pk).exists()
 
 
+# -- the container runtime --------------------------------------------------------------------------
+
+
+def test_a_machine_reads_with_the_runtime_in_use_every_engine_found_and_the_choice(api_client):
+    machine = MachineFactory(both_runtimes=True)
+
+    body = api_client.get(f"/api/machines/{machine.pk}/").json()
+
+    assert (body["container_runtime"], body["container_runtime_version"], body["runtime_choice"]) == ("docker", "27.3.1", "")
+    assert body["container_runtimes"] == [{"name": "docker", "version": "27.3.1"}, {"name": "podman", "version": "4.9.3"}]
+    assert body["configured_runtime"] == ""
+
+
+def test_patching_the_runtime_choice_uses_it_and_answers_with_the_machine(api_client):
+    machine = MachineFactory(both_runtimes=True)
+
+    response = api_client.patch(f"/api/machines/{machine.pk}/", {"runtime_choice": "podman"}, format="json")
+
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["runtime_choice"], body["container_runtime"], body["container_runtime_version"]) == ("podman", "podman", "4.9.3")
+    assert MachineEvent.objects.filter(machine=machine, kind="runtime").exists()
+
+
+def test_an_engine_the_machine_does_not_have_is_a_400_that_says_what_it_has(api_client):
+    machine = MachineFactory(name="gpu-a")
+
+    response = api_client.patch(f"/api/machines/{machine.pk}/", {"runtime_choice": "podman"}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["errors"] == {
+        "runtime_choice": ["gpu-a has no Podman: it has Docker. Install Podman there and select Refresh facts first."]}
+    machine.refresh_from_db()
+    assert machine.runtime_choice == ""
+
+
+@pytest.mark.parametrize("value", ["lxc", "Docker", "process", None, 3, ["docker"]])
+def test_a_runtime_choice_that_is_no_engine_is_a_400_that_names_the_choices(api_client, value):
+    machine = MachineFactory()
+
+    response = api_client.patch(f"/api/machines/{machine.pk}/", {"runtime_choice": value}, format="json")
+
+    assert response.status_code == 400
+    [message] = response.json()["errors"]["runtime_choice"]
+    assert message.startswith('Choose "docker", "podman" or "" (automatic)') or message == "This field may not be null."
+    machine.refresh_from_db()
+    assert machine.runtime_choice == ""
+
+
+def test_a_patch_without_a_runtime_choice_is_a_400_that_asks_for_it(api_client):
+    response = api_client.patch(f"/api/machines/{MachineFactory().pk}/", {"name": "renamed"}, format="json")
+    assert response.status_code == 400 and response.json()["errors"] == {"runtime_choice": ["This field is required."]}
+
+
 # -- the schema ------------------------------------------------------------------------------------
 
 

@@ -102,6 +102,9 @@ CASES = [
          api=("post", "/api/machines/{free}/update-agent/", {})),
     Case("trust a host key", machine_actions.TRUST, page=("/machines/{awaiting_key}/trust-host-key/", {"fingerprint": "{offered}"}),
          api=("post", "/api/machines/{awaiting_key}/trust-host-key/", {"fingerprint": "{offered}"})),
+    Case("choose a machine's container runtime", machine_actions.CHOOSE_RUNTIME,
+         page=("/machines/{free}/runtime/", {"runtime_choice": "docker"}),
+         api=("patch", "/api/machines/{free}/", {"runtime_choice": "docker"})),
     Case("delete a machine", machine_actions.DELETE, page=("/machines/{spare}/delete/", {}), api=("delete", "/api/machines/{spare}/", {})),
     Case("add a user", MANAGE_USERS, page=("/users/add/", {"username": "newcomer", "password": "a-long-enough-passphrase", "role": "Viewer"})),
     Case("change a user's role", MANAGE_USERS, page=("/users/{someone}/role/", {"role": "Operator"})),
@@ -129,7 +132,7 @@ def everything() -> dict:
     return {
         "clusters": list(Cluster.objects.order_by("pk").values("pk", "state", "network", "runtime_version")),
         "members": list(ClusterMember.objects.order_by("pk").values("pk", "cluster", "machine", "role", "runtime_image")),
-        "machines": list(Machine.objects.order_by("pk").values("pk", "state", "host_key_fingerprint")),
+        "machines": list(Machine.objects.order_by("pk").values("pk", "state", "host_key_fingerprint", "runtime_choice")),
         "jobs": Job.objects.count(),
         "users": list(User.objects.order_by("pk").values("pk", "username", "is_active", "is_superuser")),
         "groups": sorted(User.groups.through.objects.values_list("user_id", "group_id")),

@@ -51,8 +51,13 @@ AGENT = ["/usr/bin/python3", "/opt/fadenstack/agent/a.pyz"]
 
 @pytest.mark.parametrize(("call", "argv"), [
     (lambda a: a.runtime_stop(), ["runtime", "stop"]),
-    (lambda a: a.image_load("ab" * 32), ["image", "load", "--digest", "ab" * 32]),
-    (lambda a: a.runtime_start("ab" * 32), ["runtime", "start", "--digest", "ab" * 32]),
+    (lambda a: a.image_load("ab" * 32, driver="docker"), ["image", "load", "--digest", "ab" * 32, "--driver", "docker"]),
+    (lambda a: a.runtime_start("ab" * 32, driver="podman", cluster="gpu-room"),
+     ["runtime", "start", "--digest", "ab" * 32, "--driver", "podman", "--cluster", "gpu-room"]),
+    (lambda a: a.runtime_start("ab" * 32, driver="process", cluster="lab-room"),
+     ["runtime", "start", "--digest", "ab" * 32, "--driver", "process", "--cluster", "lab-room"]),
+    # No runtime in use: the agent is left to pick, and says there is none.
+    (lambda a: a.image_load("ab" * 32, driver=""), ["image", "load", "--digest", "ab" * 32]),
     (lambda a: a.serve_start(bind="198.18.1.11", port=7470), ["blob", "serve", "start", "--bind", "198.18.1.11", "--port", "7470"]),
     (lambda a: a.serve_stop(), ["blob", "serve", "stop"]),
     (lambda a: a.ray_start_head(address="198.18.1.11", port=6379, gpus=8),

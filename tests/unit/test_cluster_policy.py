@@ -434,7 +434,8 @@ def machine(host: int, name: str, *, fabric=True, count=8, **fields) -> Candidat
     interfaces = [Iface("eth0", (f"198.18.0.{host}/24",), default_route=True)]
     if fabric:
         interfaces.append(Iface("eth1", (f"198.18.1.{host}/24",)))
-    fields = {"arch": "x86_64", "accelerator_vendor": "nvidia", "accelerator_model": "NVIDIA H100 80GB HBM3", **fields}
+    fields = {"arch": "x86_64", "accelerator_vendor": "nvidia", "accelerator_model": "NVIDIA H100 80GB HBM3",
+              "container_runtime": "docker", **fields}
     return Candidate(id=host, name=name, accelerator_count=count, interfaces=tuple(interfaces),
                      ssh_address=f"198.18.0.{host}", **fields)
 

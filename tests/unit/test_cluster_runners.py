@@ -187,3 +187,36 @@ def test_a_machine_that_joined_but_shows_in_the_head_s_list_a_moment_later_is_up
 
     assert job.state == JobState.SUCCEEDED and len(looks) == 2
     assert set(Cluster.objects.get(pk=stopped.pk).members.values_list("state", flat=True)) == {MemberState.JOINED}
+
+
+def test_each_machine_loads_and_starts_its_runtime_with_its_driver_and_the_cluster_s_name(stopped, agents):
+    Machine.objects.filter(name="gpu-b").update(container_runtime="podman", runtime_choice="podman")
+    Machine.objects.filter(name="gpu-c").update(container_runtime="process", configured_runtime="process")
+
+    assert start(stopped).state == JobState.SUCCEEDED
+
+    loads = {name: kwargs["driver"] for name, method, kwargs in agents.calls if method == "image_load"}
+    starts = {name: (kwargs["driver"], kwargs["cluster"]) for name, method, kwargs in agents.calls if method == "runtime_start"}
+    assert loads == {"gpu-a": "docker", "gpu-b": "podman", "gpu-c": "process"}
+    assert starts == {"gpu-a": ("docker", "gpu-room"), "gpu-b": ("podman", "gpu-room"), "gpu-c": ("process", "gpu-room")}
+
+
+def test_a_head_that_lost_its_runtime_since_it_was_picked_stops_the_start_with_the_sentence(stopped, agents):
+    Machine.objects.filter(name="gpu-a").update(container_runtime="", container_runtimes=[])
+
+    job = start(stopped)
+
+    assert job.state == JobState.FAILED and job.error_kind == "not_retryable"
+    assert job.error == "No container runtime on gpu-a: install Docker or Podman"
+    assert not [call for call in agents.calls if call[1] in ("image_load", "runtime_start")]
+
+
+def test_a_worker_that_lost_its_runtime_sits_the_start_out_and_says_why(stopped, agents):
+    Machine.objects.filter(name="gpu-c").update(container_runtime="", container_runtimes=[])
+    agents.answers["gpu-a"]["ray"]["nodes"] = [node(11), node(12)]  # it never joined
+
+    start(stopped)
+
+    member = Cluster.objects.get(pk=stopped.pk).members.get(machine__name="gpu-c")
+    assert (member.state, member.state_reason) == (MemberState.FAILED, "No container runtime on gpu-c: install Docker or Podman")
+    assert "gpu-c" not in {name for name, method, _ in agents.calls if method == "runtime_start"}

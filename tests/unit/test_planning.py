@@ -53,7 +53,8 @@ def lab_machine(
     ) + (Iface(name="lo", addresses=("127.0.0.1/8", "::1/128"), kind="loopback"),)
     return Candidate(
         id=index + 1, name=name, state=state, arch=arch, accelerator_vendor=vendor, accelerator_count=count,
-        accelerator_model=model, interfaces=interfaces, ssh_address=f"198.18.0.{host}", **extra,
+        accelerator_model=model, interfaces=interfaces, ssh_address=f"198.18.0.{host}",
+        **{"container_runtime": "process", **extra},  # the lab's machines run the process driver
     )
 
 

@@ -39,7 +39,8 @@ def build(n: int) -> World:
                                         chunk_hashes=["cd" * 32] * 256, arch="x86_64", accelerator_vendor="nvidia", path="/images/a.img")
     machines = Machine.objects.bulk_create(
         Machine(name=f"gpu-{i:02d}", address=f"198.18.0.{i + 1}", arch="x86_64", state=MachineState.HEALTHY, last_seen=now,
-                facts={"arch": "x86_64", "interfaces": [], "accelerators": []})
+                facts={"arch": "x86_64", "interfaces": [], "accelerators": []}, container_runtime="docker",
+                container_runtime_version="27.3.1", container_runtimes=[{"name": "docker", "version": "27.3.1"}])
         for i in range(n))
     Accelerator.objects.bulk_create(Accelerator(machine=m, index=k, vendor="nvidia", model="NVIDIA H100 80GB HBM3", memory_mib=81559)
                                     for m in machines for k in range(8))
