@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """The runtime image to N lab machines: the console's chain against the naive way.
 
-    sudo .venv/bin/python bench/distribute.py              # 4 machines, 256 MiB image
-    sudo .venv/bin/python bench/distribute.py --machines 6 --size-mib 128
+    sudo .venv/bin/python bench/distribute.py              # 4 machines, the lab's real runtime image
+    sudo .venv/bin/python bench/distribute.py --machines 6 --size-mib 128   # a synthetic image of 128 MiB
 
 The server's own link is shaped to --server-mbit (the bridge's egress: every
 byte the server sends goes through it), the fabric to --fabric-mbit per
@@ -51,7 +51,8 @@ def write_spec(path: Path, machines: int, fabric_mbit: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--machines", type=int, default=4)
-    parser.add_argument("--size-mib", type=int, default=256)
+    parser.add_argument("--size-mib", type=int, default=None,
+                        help="a synthetic image of this size instead of the real one (Debian + Ray)")
     parser.add_argument("--server-mbit", type=int, default=200)
     parser.add_argument("--fabric-mbit", type=int, default=400)
     args = parser.parse_args()

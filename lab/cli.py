@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     fault.add_argument("machine")
     fault.add_argument("kind")
     fault.add_argument("args", nargs="*", metavar="ARG")
+    runtime = commands.add_parser("runtime", help="switch machines' container runtime (their agent config): "
+                                                 "podman, as a real machine, or process, the fast path")
+    runtime.add_argument("runtime", choices=("podman", "process"))
+    runtime.add_argument("machines", nargs="+", metavar="MACHINE")
     made = commands.add_parser("images", help="build the lab's runtime images (NVIDIA x86_64 and aarch64): "
                                               "Debian, Python and Ray, cached by their inputs")
     made.add_argument("--synthetic-mib", type=int, metavar="MIB",
@@ -72,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result, indent=2) if options.json else format_status(result))
         elif options.command == "fault":
             print(faults.apply_fault(state, options.machine, options.kind, options.args))
+        elif options.command == "runtime":
+            print(core.set_runtime(state, options.machines, options.runtime))
         elif options.command == "images":
             print(make_images(options.out or state.root / "images", options.synthetic_mib))
     except LabError as error:

@@ -365,3 +365,16 @@ def status(state: LabState) -> dict:
             },
         })
     return result
+
+
+def set_runtime(state: LabState, names: list[str], runtime: str) -> str:
+    """Write the machines' agent config for ``runtime`` (what `faden lab runtime` does). The agent
+    reads it at its next command; the console learns it at the machine's next Refresh facts."""
+    with state.locked():
+        known = state.data.get("machines", {})
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise LabError(f"no machine {', '.join(unknown)} in this lab (it has {', '.join(known) or 'none'})")
+        for name in names:
+            machines.write_agent_config(state, name, runtime)
+    return f"{', '.join(names)}: runtime {runtime}"

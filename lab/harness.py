@@ -104,6 +104,10 @@ class Lab:
         made = self.run("images", *size, "--out", str(out)).stdout
         return [Path(line.split()[-1]) for line in made.splitlines() if line.strip().endswith(".img")]
 
+    def runtime(self, runtime: str, *machines: str) -> str:
+        """Switch the machines' container runtime: "podman" (as a real machine) or "process"."""
+        return self.run("runtime", runtime, *machines).stdout
+
     # -- faults -------------------------------------------------------------------------------------
     def fault(self, machine: str, *kind: str) -> str:
         return self.run("fault", machine, *kind).stdout

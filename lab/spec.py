@@ -33,11 +33,15 @@ VENDORS = {"nvidia", "amd"}
 
 NETWORK_KEYS = {"name", "subnet", "interface", "rate_mbit", "management"}
 MACHINE_KEYS = {
-    "name", "arch", "networks", "accelerators", "disk_mib",
+    "name", "arch", "networks", "accelerators", "disk_mib", "runtime",
     "driver_version", "cuda_version", "rocm_version",
 }
 ACCELERATOR_KEYS = {"vendor", "model", "count", "memory_mib"}
 
+
+# A machine's container runtime: Podman as on a real machine, or `process` (Ray from the lab's own
+# environment as plain processes), the fast path for tests that do not test the runtime itself.
+RUNTIMES = ("podman", "process")
 
 @dataclass(frozen=True)
 class NetworkSpec:
@@ -87,6 +91,7 @@ class MachineSpec:
     networks: tuple[str, ...]
     accelerators: tuple[AcceleratorSpec, ...]
     disk_mib: int | None = None  # a size-limited tmpfs store; None: a plain directory
+    runtime: str = "podman"  # the runtime driver its agent uses: Podman, or the fast `process` path
     driver_version: str = "550.90.07"
     cuda_version: str = "12.4"
     rocm_version: str = "6.2.0"
@@ -301,6 +306,9 @@ def _parse_machine(item: dict, index: int, networks: dict, fail) -> MachineSpec:
     if disk_mib is not None and (isinstance(disk_mib, bool) or not isinstance(disk_mib, int)
                                  or disk_mib < 1):
         raise fail(f"machine {name}: disk_mib must be a positive whole number of MiB")
+    runtime = item.get("runtime", "podman")
+    if runtime not in RUNTIMES:
+        raise fail(f"machine {name}: runtime must be one of {', '.join(RUNTIMES)}, not {runtime!r}")
     versions = {}
     for key in ("driver_version", "cuda_version", "rocm_version"):
         if key in item:
@@ -314,6 +322,7 @@ def _parse_machine(item: dict, index: int, networks: dict, fail) -> MachineSpec:
         networks=tuple(on),
         accelerators=tuple(_parse_accelerator(a, name, fail) for a in accelerators),
         disk_mib=disk_mib,
+        runtime=runtime,
         **versions,
     )
 

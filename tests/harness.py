@@ -85,8 +85,9 @@ def enrol(lab: Lab, *names: str, timeout: float = 60) -> list:
     return [wait_for(lambda n=n: healthy(n), timeout=timeout, what=f"{n} to enrol") for n in names]
 
 
-def images_import(lab: Lab, size_mib: int = IMAGE_MIB, out: str | Path | None = None) -> list:
-    """The lab's runtime image builds (x86_64 and aarch64 NVIDIA; none for AMD), imported into the console."""
+def images_import(lab: Lab, size_mib: int | None = IMAGE_MIB, out: str | Path | None = None) -> list:
+    """The lab's runtime image builds (x86_64 and aarch64 NVIDIA; none for AMD), imported into the console:
+    synthetic ones of ``size_mib`` for the `process` runtime, the real ones (Debian + Ray) with None."""
     from clusters import images
 
     return [images.runtime_image_import(path=path) for path in lab.images(size_mib, out)]

@@ -5,6 +5,7 @@ console's key on its machines, healed between modules, taken down at the end.
   a module that injects faults undoes its own as well, but a failed test may leave one behind.
 - ``fresh_lab``: for the modules that test the lab itself (its `up`, its `down`, a machine's files as
   `up` made them): the lab taken down and put up again for them; the next module finds it up again.
+- machines run the `process` runtime unless a module switches them to Podman (`lab.runtime`) and back;
 - ``lab_machine(name)``: a machine's status now (its address, its host key as it is now).
 - ``console_url``: the in-process live server as the machines reach it (for heartbeats).
 """
@@ -67,10 +68,13 @@ def lab_session():
 
 
 def _up(lab: Lab) -> Lab:
+    """The lab up, its machines on the `process` runtime: the fast path for the tests that do not test
+    the runtime itself (those that do switch their machines to Podman, `runtime_machines`)."""
     try:
         lab.up()
     except AnotherLabIsUp as refused:
         pytest.fail(f"{refused} (one lab per host; is someone else's test run or bench using it?)")
+    lab.runtime("process", *(m["name"] for m in lab.status()["machines"]))
     return lab
 
 

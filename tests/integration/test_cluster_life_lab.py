@@ -33,15 +33,22 @@ def console(lab, module_db):
         yield processes
 
 
+RUNTIME_MACHINES = ("lab-a", "lab-b", "lab-c")
+
+
 @pytest.fixture(scope="module")
 def machines(console, lab):
-    """lab-a, lab-b and lab-c enrolled through the worker, the lab's image builds imported; at the end
-    nothing left running on them."""
-    images_import(lab)
-    enrolled = {m.name: m for m in enrol(lab, "lab-a", "lab-b", "lab-c")}
+    """lab-a, lab-b and lab-c on Podman, as real machines, enrolled through the worker, and the lab's
+    real image builds (Debian + Ray) imported; at the end nothing left running on them, and they are
+    back on the fast `process` path for the modules after this one."""
+    lab.runtime("podman", *RUNTIME_MACHINES)
+    images_import(lab, None)
+    enrolled = {m.name: m for m in enrol(lab, *RUNTIME_MACHINES)}
+    assert {m.container_runtime for m in enrolled.values()} == {"podman"}
     yield enrolled
     lab.heal()
     leave_nothing_running(Machine.objects.all())
+    lab.runtime("process", *RUNTIME_MACHINES)
 
 
 def clusters_deleted() -> None:
@@ -83,7 +90,7 @@ def life(lab, machines):
     return cluster
 
 
-def test_the_worker_killed_in_the_middle_of_a_start_is_replaced_and_the_start_still_reaches_running(machines, console):
+def test_the_worker_killed_in_the_middle_of_a_start_is_replaced_and_the_start_still_reaches_running(lab, machines, console):
     clusters_deleted()
     a, b = machines["lab-a"], machines["lab-b"]
     services.cluster_create(name=NAME, machine_ids=[a.pk, b.pk], head_id=a.pk, network=FABRIC)
@@ -99,6 +106,8 @@ def test_the_worker_killed_in_the_middle_of_a_start_is_replaced_and_the_start_st
     assert job.state == "succeeded" and job.resumes == 1
     assert "Taken up again where it stopped" in job.log
     assert [s["state"] for s in job.steps] == ["done"] * len(job.steps)
+    for address in ("198.18.0.11", "198.18.0.12"):  # Ray runs in the runtime container, as on a real machine
+        assert lab.ssh(address, "podman ps --format '{{.Names}}'").stdout.split() == [f"fadenstack-{NAME}"]
     for member in cluster.members.all():  # the image crossed the network once, not once per run
         assert member.image_transfer.bytes_fetched <= member.runtime_image.size_bytes + member.runtime_image.chunk_size
 

@@ -351,7 +351,8 @@ class TestRunningLab:
                                         "df -m --output=size /var/lib/fadenstack | tail -1; "
                                         "touch /tmp/only-on-lab-c; ls /opt/fadenstack")
         lines = result.stdout.splitlines()
-        assert json.loads("".join(lines[:-2]))["runtime_driver"] == "process"
+        config = json.loads("".join(lines[:-2]))
+        assert config["machine_name"] == "lab-c" and config["runtime_driver"] == "process"  # the tests' fast path
         assert int(lines[-2]) == 1024  # lab-c's disk_mib
         assert lines[-1] == "autostart.d"
         assert lab.ssh("198.18.0.12", "ls /tmp/only-on-lab-c").returncode != 0

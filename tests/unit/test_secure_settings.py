@@ -14,6 +14,7 @@ def deploy_check_warnings(tmp_path, **env) -> set[str]:
     """The ids of the warnings ``faden check --deploy`` prints with these settings."""
     full_env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "FADEN_DATA_DIR": str(tmp_path), **env}
     full_env.pop("DATABASE_URL", None)
+    full_env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # the browser tests' (Playwright's) setting, not a deployment's
     done = subprocess.run([sys.executable, "-m", "config.cli", "check", "--deploy"], env=full_env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, f"`faden check --deploy` exited {done.returncode}:\n{done.stdout}{done.stderr}"
