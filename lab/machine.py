@@ -97,6 +97,11 @@ def write_agent_config(state: LabState, machine: str, runtime: str) -> None:
     os.replace(partial, path)
 
 
+# runc could not set more than this here even below the hard limit (32768 worked, 50000 did not, with a
+# hard limit of 96365); the count is per user, and root's processes on the whole host count.
+NPROC_MAX = 32768
+
+
 def _hard_limit(kind: int, cap: int) -> int:
     import resource
 
@@ -117,7 +122,7 @@ def _own_etc(machine: MachineSpec, directory: Path) -> None:
     (directory / "containers").mkdir(exist_ok=True)
     (directory / "containers" / "containers.conf").write_text(CONTAINERS_CONF.format(
         name=machine.name, nofile=_hard_limit(resource.RLIMIT_NOFILE, 65536),
-        nproc=_hard_limit(resource.RLIMIT_NPROC, 65536)))
+        nproc=_hard_limit(resource.RLIMIT_NPROC, NPROC_MAX)))
     (directory / "containers" / "storage.conf").write_text(STORAGE_CONF.format(name=machine.name))
 
 SSHD_CONFIG = """\
