@@ -423,16 +423,19 @@ def report(bench: Bench, rows: list[Row], *, command: str, wall: float, stated: 
         "",
         "## How to read it",
         "",
-        f"- A failure the console finds by looking (Ray killed, a link down) shows at the next scheduled check, every "
+        f"- A failure a machine's heartbeat reports (Ray killed, the runtime's container stopped) is checked at its next "
+        f"beat, every {v['FADEN_HEARTBEAT_INTERVAL']} s: from 0 to {v['FADEN_HEARTBEAT_INTERVAL']} s after the fault, plus "
+        f"the check's own seconds. A failure only looking finds (a link down) shows at the next scheduled check, every "
         f"{v['FADEN_HEALTH_INTERVAL']} s: from 0 to {v['FADEN_HEALTH_INTERVAL']} s after the fault, "
         f"{v['FADEN_HEALTH_INTERVAL'] / 2:.0f} s on average. The first-sign column says how long after a scheduled check "
-        f"the fault came: the sign is due about {v['FADEN_HEALTH_INTERVAL']} s minus that, plus the check's own seconds.",
+        f"the fault came: such a sign is due about {v['FADEN_HEALTH_INTERVAL']} s minus that, plus the check's own seconds.",
         "- A worker cut off on the cluster's network is seen through Ray's node list only: Ray marks a node dead after its "
         "own health checks have failed for a while (the \"until the console shows it\" row measures how long), so a "
         "shorter loss of the link shows nothing, and until then the checks read all well.",
-        f"- Nothing is repaired on the first look: a second look follows {v['FADEN_HEALTH_LOOK_AGAIN']} s later "
-        "(\"Looking again\"), on purpose: a slow answer is not a dead head. Only then does a worker join again or the "
-        "whole cluster restart, so a repair starts at least that long after the first sign.",
+        f"- Nothing is repaired on the first look: a second look follows (\"Looking again\"), on purpose: a slow answer is "
+        f"not a dead head. For a failure a heartbeat reported it comes with that machine's next beat "
+        f"({v['FADEN_HEARTBEAT_INTERVAL']} s later), for any other {v['FADEN_HEALTH_LOOK_AGAIN']} s later. Only then does a "
+        "worker join again or the whole cluster restart, so a repair starts at least that long after the first sign.",
         f"- A worker out of Ray joins again while the other machines keep serving; a head that stopped restarts the "
         f"whole cluster, up to {v['FADEN_RESTART_ATTEMPTS']} times with pauses of {pauses} between restarts (and the "
         f"retry tick of {v['FADEN_RETRY_TICK']} s), then Failed, tried again every {v['FADEN_FAILED_RETRY'] // 60 or 1} minutes.",

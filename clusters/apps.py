@@ -6,14 +6,14 @@ class ClustersConfig(AppConfig):
     verbose_name = "Clusters"
 
     def ready(self) -> None:
-        from clusters import pages, services, steps
+        from clusters import heartbeats, pages, services, steps
         from clusters.pruning import health_checks_prune
         from console.pruning import register_pruner
         from clusters.runners.start import members_abandoned, start_abandoned
         from clusters.runners.stop import stop_abandoned
         from console import live
         from console.jobs import job_kind_register
-        from machines.signals import machine_reconnected, machine_went_offline
+        from machines.signals import machine_reconnected, machine_runtime_reported, machine_went_offline
 
         live.register("clusters", pages.render_clusters_topic)
         live.register("cluster", pages.render_cluster_topic, takes=live.an_id)
@@ -35,5 +35,9 @@ class ClustersConfig(AppConfig):
         def went_offline(sender, *, machine_id: int, name: str, **kwargs) -> None:
             services.cluster_machine_went_offline(machine_id=machine_id, name=name)
 
+        def runtime_reported(sender, *, machine_id: int, name: str, failure: str, failing_since, **kwargs) -> None:
+            heartbeats.cluster_heartbeat_runtime(machine_id=machine_id, name=name, failure=failure, failing_since=failing_since)
+
         machine_reconnected.connect(reconnected, dispatch_uid="clusters-reconnected", weak=False)
         machine_went_offline.connect(went_offline, dispatch_uid="clusters-went-offline", weak=False)
+        machine_runtime_reported.connect(runtime_reported, dispatch_uid="clusters-runtime-reported", weak=False)

@@ -107,6 +107,7 @@ class CheckTrigger(models.TextChoices):
     OFFLINE = "offline", "A machine went offline"
     MANUAL = "manual", "Check now"
     SECOND_LOOK = "second_look", "Second look"
+    HEARTBEAT = "heartbeat", "A heartbeat"  # a machine's heartbeat reported Ray or its runtime down (clusters/heartbeats.py)
     STARTED = "started", "After a start"  # fills the raw status and each machine's panel at once
 
 

@@ -116,31 +116,58 @@ def _record_member_states(cluster: Cluster, members: list[ClusterMember], findin
     cluster.save(update_fields=["last_status", "last_status_at"])
 
 
-def cluster_check_run(*, cluster_id: int, trigger: str, detail: str = "", first_look_id: int | None = None) -> HealthCheck | None:
+def check_slowest() -> int:
+    """Seconds a check takes at most: a connect timeout and two agent commands (30 s, 45 s). A check
+    still Looking after that was lost with its worker."""
+    return settings.FADEN_SSH_CONNECT_TIMEOUT + 75
+
+
+def beat_confirm_countdown() -> int:
+    """When the timer second look of a check a heartbeat started runs, should no heartbeat have
+    confirmed it before (its machine stopped beating, say): two beats, and never sooner than a
+    scheduled check's second look."""
+    return max(settings.FADEN_HEALTH_LOOK_AGAIN, 2 * settings.FADEN_HEARTBEAT_INTERVAL)
+
+
+def cluster_check_run(*, cluster_id: int, trigger: str, detail: str = "", first_look_id: int | None = None,
+                      check_id: int | None = None) -> HealthCheck | None:
     """One check of a running cluster, recorded whatever it finds; a cluster in another state, or with
-    an operation under way, is left alone (a manual check says so)."""
+    an operation under way, is left alone (a manual check says so). ``check_id``: the row a heartbeat
+    wrote when it asked for this check (clusters/heartbeats.py), still Looking. A second look runs once:
+    not when a check was written after its first look (a heartbeat's second look, a newer first look)."""
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
         return None
+    check = None
+    if check_id is not None:
+        check = HealthCheck.objects.filter(pk=check_id, cluster=cluster, outcome=CheckOutcome.RUNNING).first()
+        if check is None:
+            return None  # answered already: the task ran twice
+    elif first_look_id is not None and HealthCheck.objects.filter(cluster=cluster, pk__gt=first_look_id).exists():
+        return None
     busy = selectors.cluster_busy(cluster)
     if cluster.state not in CHECKED or busy:
-        if trigger == CheckTrigger.MANUAL:
+        if trigger == CheckTrigger.MANUAL or check is not None:
             why = f"{busy.title} is under way" if busy else f"the cluster is {cluster.get_state_display()}"
-            check = HealthCheck.objects.create(cluster=cluster, trigger=trigger, trigger_detail=detail, outcome=CheckOutcome.SKIPPED,
-                                               action=f"Nothing looked at: {why}.", finished_at=timezone.now())
-            _changed(cluster)
+            check = check or HealthCheck(cluster=cluster, trigger=trigger, trigger_detail=detail)
+            check.outcome, check.action, check.finished_at = CheckOutcome.SKIPPED, f"Nothing looked at: {why}.", timezone.now()
+            check.save()
+            checks_changed(cluster)
             return check
         return None
-    check = HealthCheck.objects.create(cluster=cluster, trigger=trigger, trigger_detail=detail, first_look_id=first_look_id)
+    if check is None:
+        check = HealthCheck.objects.create(cluster=cluster, trigger=trigger, trigger_detail=detail, first_look_id=first_look_id)
     members = sorted(cluster.members.select_related("machine").defer("machine__facts").order_by("machine__name"), key=head_first)
     looked, answers = look(cluster, members)
     findings = policy.diagnose(looked)
     first = HealthCheck.objects.filter(pk=first_look_id).first() if first_look_id else None
     confirmed = first is not None and policy.seen_twice(findings, ((f["machine"], f["problem"]) for f in first.found))
     exhausted = [m.pk for m in members if m.rejoin_attempts >= settings.FADEN_RESTART_ATTEMPTS]
+    beat_by = next((m.machine.name for m in members if m.machine_id == check.beat_machine_id), None)
     decision = policy.decide(findings, answered=policy.anyone_answered(looked), second_look=confirmed,
                              look_again_after=settings.FADEN_HEALTH_LOOK_AGAIN, restart_attempt=cluster.restart_attempt,
-                             attempts=settings.FADEN_RESTART_ATTEMPTS, exhausted=exhausted)
+                             attempts=settings.FADEN_RESTART_ATTEMPTS, exhausted=exhausted,
+                             look_again_when=f"at {beat_by}'s next heartbeat" if beat_by else "")
     check.looked_at = _looked_at(cluster, members, answers)
     check.found = [{"machine": f.machine, "problem": f.problem, "text": f.text} for f in findings]
     check.outcome = decision.outcome
@@ -159,7 +186,7 @@ def cluster_check_run(*, cluster_id: int, trigger: str, detail: str = "", first_
             _act(cluster, check, decision)
         check.finished_at = timezone.now()
         check.save()
-    _changed(cluster)
+    checks_changed(cluster)
     return check
 
 
@@ -172,8 +199,10 @@ def _act(cluster: Cluster, check: HealthCheck, decision: policy.Decision) -> Non
         return  # nothing is known, so nothing changes: not even the page's words
     if decision.outcome == policy.LOOK_AGAIN:
         cluster_transition(cluster=cluster, to=cluster.state, reason=f"{check.found[0]['text']} {decision.action}")
-        task_enqueue(services.CHECK_TASK, cluster.pk, CheckTrigger.SECOND_LOOK, "", check.pk,
-                     countdown=settings.FADEN_HEALTH_LOOK_AGAIN)
+        # A heartbeat's check waits for that machine's next beat (clusters/heartbeats.py); this timer
+        # is its second look only when no beat came.
+        countdown = beat_confirm_countdown() if check.beat_machine_id else settings.FADEN_HEALTH_LOOK_AGAIN
+        task_enqueue(services.CHECK_TASK, cluster.pk, CheckTrigger.SECOND_LOOK, "", check.pk, countdown=countdown)
         return
     if decision.outcome == policy.WAITING:
         cluster_transition(cluster=cluster, to=cluster.state, reason=decision.action)
@@ -206,7 +235,8 @@ def _looked_at(cluster: Cluster, members: list[ClusterMember], answers: dict[int
     return lines
 
 
-def _changed(cluster: Cluster) -> None:
+def checks_changed(cluster: Cluster) -> None:
+    """Tell the cluster's page (its checks) and the clusters list to render again (after commit)."""
     live.push(f"cluster:{cluster.pk}", part="checks")
     live.push("clusters", part=str(cluster.pk))
 
@@ -215,8 +245,7 @@ def clusters_check_due() -> list[int]:
     """Every running cluster with no operation under way gets a check. A second look that never ran
     (its worker died) is run now instead of a first look."""
     queued = []
-    # A check takes at most a connect timeout and two agent commands (30 s, 45 s): later than that, it was lost.
-    slowest = settings.FADEN_SSH_CONNECT_TIMEOUT + 75
+    slowest = check_slowest()
     lost_after = timezone.now() - timedelta(seconds=settings.FADEN_HEALTH_LOOK_AGAIN + settings.FADEN_HEALTH_INTERVAL + slowest)
     recent = timezone.now() - timedelta(seconds=settings.FADEN_HEALTH_INTERVAL / 2)
     for cluster in Cluster.objects.filter(state__in=CHECKED):

@@ -174,6 +174,9 @@ class HealthCheck(models.Model):
     started_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     first_look = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # A check a heartbeat started: that machine's next heartbeat is its second look's cue (clusters/heartbeats.py).
+    beat_machine = models.ForeignKey("machines.Machine", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+                                     help_text="The machine whose heartbeat started this check")
 
     class Meta:
         ordering = ["-started_at", "-pk"]

@@ -126,11 +126,14 @@ def restart_words(attempt: int, attempts: int) -> str:
 
 
 def decide(findings: Sequence[Finding], *, answered: bool, second_look: bool, look_again_after: int,
-           restart_attempt: int = 0, attempts: int = 3, exhausted: Iterable[Hashable] = ()) -> Decision:
+           restart_attempt: int = 0, attempts: int = 3, exhausted: Iterable[Hashable] = (),
+           look_again_when: str = "") -> Decision:
     """Restart nothing unless something is wrong, and nothing before a second look; no repair of a worker
     while a machine is offline; a head that stopped restarts the whole cluster, a worker that dropped
     out joins again, but not more than ``attempts`` times in a row (``exhausted``: members that had
-    theirs): those read failed and wait. A check nobody answered changes nothing."""
+    theirs): those read failed and wait. A check nobody answered changes nothing. ``look_again_when``
+    says when the second look comes ("at lab-b's next heartbeat"); by default ``look_again_after`` s."""
+    when = look_again_when or f"in {look_again_after} s"
     if not answered:
         return Decision(UNANSWERED, "No machine answered the check, so nothing was restarted: the fault may be "
                                     "between the console and the machines. Looking again at the next check.")
@@ -144,7 +147,7 @@ def decide(findings: Sequence[Finding], *, answered: bool, second_look: bool, lo
     silent = [f.machine for f in findings if f.problem == NO_ANSWER]
     if head:
         if not second_look:
-            return Decision(LOOK_AGAIN, f"Looking again in {look_again_after} s before restarting the cluster: a slow answer is not a dead head.")
+            return Decision(LOOK_AGAIN, f"Looking again {when} before restarting the cluster: a slow answer is not a dead head.")
         return Decision(REPAIR, f"{restart_words(restart_attempt + 1, attempts)}: {head[0].text}", restart=True)
     if offline:
         names = " and ".join(offline) if len(offline) < 3 else ", ".join(offline[:-1]) + f" and {offline[-1]}"
@@ -159,7 +162,7 @@ def decide(findings: Sequence[Finding], *, answered: bool, second_look: bool, lo
                         waiting_for=tuple(silent))
     names = ", ".join(f.machine for f in dropped)
     if not second_look:
-        return Decision(LOOK_AGAIN, f"Looking again in {look_again_after} s before joining {names} again.")
+        return Decision(LOOK_AGAIN, f"Looking again {when} before joining {names} again.")
     return Decision(REPAIR, f"Taking {names} out of Ray and joining {'it' if len(dropped) == 1 else 'them'} again; "
                             "the other machines keep serving.", rejoin=tuple(f.member_id for f in dropped),
                     given_up=tuple(f.member_id for f in given_up))

@@ -38,5 +38,8 @@ def clusters_check() -> int:
 
 
 @shared_task
-def cluster_check(cluster_id: int, trigger: str, detail: str = "", first_look_id: int | None = None) -> None:
-    health.cluster_check_run(cluster_id=cluster_id, trigger=trigger, detail=detail, first_look_id=first_look_id)
+def cluster_check(cluster_id: int, trigger: str, detail: str = "", first_look_id: int | None = None,
+                  check_id: int | None = None) -> None:
+    """Every check: scheduled, asked for, after a start, a machine that reconnected or went offline, a heartbeat."""
+    health.cluster_check_run(cluster_id=cluster_id, trigger=trigger, detail=detail, first_look_id=first_look_id,
+                             check_id=check_id)

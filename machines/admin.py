@@ -27,7 +27,7 @@ class MachineAdmin(admin.ModelAdmin):
         "container_runtime", "container_runtime_version", "container_runtimes", "configured_runtime",
         "runtime_choice",  # chosen on the machine's page or the API, which check the machine has it
         "agent_version", "agent_path", "python_path", "facts", "facts_at", "heartbeat_token_hash",
-        "last_seen", "created_at",
+        "last_seen", "runtime_beat", "runtime_failing_since", "created_at",
     ]  # what enrolment, heartbeats and health checks write; the rest is validated as Add a machine does (the model's validators)
     inlines = [AcceleratorInline, InterfaceInline]
     actions = ["refresh_facts"]

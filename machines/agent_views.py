@@ -7,7 +7,7 @@ from django.views.decorators.http import require_POST
 from console import bodies
 from machines import services
 
-# A heartbeat is a few dozen bytes of JSON (the agent's version); this leaves room and no more.
+# A heartbeat is a few hundred bytes of JSON (the agent's version, its runtime section); this leaves room and no more.
 MAX_BODY = 16 * 1024
 NO_TOKEN = "Send the machine's token as Authorization: Bearer."
 UNKNOWN_TOKEN = "No machine holds this token; enrol the machine again."

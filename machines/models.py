@@ -62,6 +62,12 @@ class Machine(models.Model):
 
     heartbeat_token_hash = models.CharField(max_length=64, blank=True, db_index=True)
     last_seen = models.DateTimeField(null=True, blank=True)
+    # What its heartbeats say of the runtime and Ray (machines/beats.py), so that a change is seen
+    # within a beat; empty until an agent that reports it (0.3) beats.
+    runtime_beat = models.JSONField(default=dict, blank=True, help_text="The runtime section of its last heartbeat")
+    runtime_failing_since = models.DateTimeField(
+        null=True, blank=True, help_text="Since when its heartbeats report Ray or the runtime's container down"
+    )
 
     created_at = models.DateTimeField(auto_now_add=True)
 

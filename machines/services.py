@@ -25,10 +25,10 @@ from console.jobs import job_start
 from console.lifecycle import InvalidTransition, transition  # noqa: F401 - InvalidTransition is part of this API
 from console.models import Job
 from console.pruning import delete_in_batches
-from machines import actions, remote, runtimes
+from machines import actions, beats, remote, runtimes
 from machines.choices import TRANSITIONS, EventKind, InterfaceKind, MachineState
 from machines.models import Accelerator, Machine, MachineEvent, NetworkInterface
-from machines.signals import machine_reconnected, machine_went_offline
+from machines.signals import machine_reconnected, machine_runtime_reported, machine_went_offline
 
 log = logging.getLogger(__name__)
 
@@ -399,7 +399,9 @@ def machine_by_heartbeat_token(token: str) -> Machine | None:
 
 def machine_heartbeat(*, machine: Machine, payload: dict) -> Machine | None:
     """A heartbeat from a machine's agent (``machine_by_heartbeat_token`` found it): it is alive. An
-    Offline machine comes back Healthy. None when the machine was deleted meanwhile."""
+    Offline machine comes back Healthy. What it says of its runtime is kept, and told to the apps
+    above (``machine_runtime_reported``) when it changed or reports a failure. None when the machine
+    was deleted meanwhile."""
     now = timezone.now()
     with transaction.atomic():
         machine = Machine.objects.select_for_update().filter(pk=machine.pk).first()
@@ -412,17 +414,39 @@ def machine_heartbeat(*, machine: Machine, payload: dict) -> Machine | None:
         if version and version != machine.agent_version:
             machine.agent_version = version
             fields.append("agent_version")
+        report = beats.runtime_report(payload.get("runtime"))
+        runtime_changed = report is not None and report != machine.runtime_beat
+        if runtime_changed:
+            fields += _runtime_beat_record(machine, report, now)
         machine.save(update_fields=fields)
         if machine.state in (MachineState.OFFLINE,):
             away = f" after {timesince(was_seen, now)} without a heartbeat" if was_seen else ""
             machine_transition(machine=machine, to=MachineState.HEALTHY)
             machine_event(machine=machine, kind=EventKind.RECONNECTED, message=f"Reconnected{away}.")
             machine_reconnected.send(sender=Machine, machine_id=machine.pk, name=machine.name)
-        elif was_seen is None or int(was_seen.timestamp()) // 30 != int(now.timestamp()) // 30:
+            return machine  # its cluster is checked for the reconnection: that look covers the runtime too
+        if was_seen is None or int(was_seen.timestamp()) // 30 != int(now.timestamp()) // 30:
             # Pages tick "last seen" by themselves; a fresh timestamp every 30 s keeps them honest
             # without a push per heartbeat.
             machine_changed(machine)
+        failure = beats.runtime_failure(report)
+        if runtime_changed or failure:
+            machine_runtime_reported.send(sender=Machine, machine_id=machine.pk, name=machine.name, failure=failure,
+                                          failing_since=machine.runtime_failing_since)
     return machine
+
+
+def _runtime_beat_record(machine: Machine, report: dict, now: datetime) -> list[str]:
+    """Keep a beat's runtime section that differs from the last; a failure it begins to report is
+    dated (the checks tell a failure they have not seen yet by it). The fields to save."""
+    was_failing = bool(beats.runtime_failure(machine.runtime_beat))
+    machine.runtime_beat = report
+    failing = bool(beats.runtime_failure(report))
+    if failing and not was_failing:
+        machine.runtime_failing_since = now
+    elif not failing:
+        machine.runtime_failing_since = None
+    return ["runtime_beat", "runtime_failing_since"]
 
 
 def machines_mark_offline(*, now=None) -> list[int]:

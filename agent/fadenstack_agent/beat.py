@@ -1,9 +1,12 @@
 """``heartbeat run``: the foreground loop the heartbeat daemon execs.
 
 Every ``interval`` s (first beat at once) it POSTs
-``{"agent_version", "hostname", "uptime_s", "boot_id"}`` as JSON to the url
-with ``Authorization: Bearer <token>``; failures are logged (one line, the
-token never written) and the loop keeps going.  heartbeat.json is re-read
+``{"agent_version", "hostname", "uptime_s", "boot_id", "runtime"}`` as JSON to
+the url with ``Authorization: Bearer <token>``; failures are logged (one line,
+the token never written) and the loop keeps going.  ``runtime`` (agent 0.3) is
+the runtime container's state and whether this machine's Ray node is alive,
+found cheaply (``runtimebeat``: processes and one TCP connect, never a Ray
+client), so that the console sees a dead Ray within a beat.  heartbeat.json is re-read
 when it changes; the loop ends on SIGTERM / SIGINT or when the file goes.
 """
 
@@ -20,6 +23,7 @@ from . import get_version
 from .cli import command
 from .heartbeat import heartbeat_daemon, load_config
 from .protocol import NOT_RETRYABLE, AgentError
+from .runtimebeat import RuntimeWatch
 
 HTTP_TIMEOUT = 5.0
 TICK = 0.5
@@ -34,14 +38,18 @@ def _read_first(path: str) -> str:
         return ""
 
 
-def beat_payload() -> dict:
+def beat_payload(watch=None) -> dict:
+    """One beat's body; with a ``RuntimeWatch``, its ``runtime`` section too."""
     uptime = _read_first("/proc/uptime").split()
-    return {
+    payload = {
         "agent_version": get_version(),
         "hostname": socket.gethostname(),
         "uptime_s": int(float(uptime[0])) if uptime else None,
         "boot_id": _read_first("/proc/sys/kernel/random/boot_id") or None,
     }
+    if watch is not None:
+        payload["runtime"] = watch.report()
+    return payload
 
 
 def display_url(url: str) -> str:
@@ -100,6 +108,8 @@ class Runner:
         self.status = {}
         self.last_logged = None
         self.last_log_at = 0.0
+        self.watch = RuntimeWatch()
+        self.watch_error = None
 
     def log(self, message: str) -> None:
         token = (self.config or {}).get("token")
@@ -192,8 +202,13 @@ class Runner:
         return True
 
     def beat_once(self) -> None:
+        payload = beat_payload(self.watch)
+        if self.watch.error != self.watch_error:
+            if self.watch.error:
+                self.log("the heartbeat cannot tell the runtime's state: %s" % self.watch.error)
+            self.watch_error = self.watch.error
         try:
-            send_beat(self.opener, self.config, beat_payload())
+            send_beat(self.opener, self.config, payload)
         except BeatFailed as exc:
             self.failed(str(exc))
         else:

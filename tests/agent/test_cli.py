@@ -297,7 +297,9 @@ def test_heartbeat_end_to_end(env, server, daemons, machine_python):
     assert first["path"] == "/hb"
     assert first["headers"]["Content-Type"] == "application/json"
     body = json.loads(first["body"])
-    assert set(body) == {"agent_version", "hostname", "uptime_s", "boot_id"}
+    assert set(body) == {"agent_version", "hostname", "uptime_s", "boot_id", "runtime"}
+    assert body["runtime"] == {"container": None, "ray": {"role": None, "alive": None, "raylet": False,
+                                                          "head_port_open": None}}  # nothing started here
     assert body["agent_version"] == VERSION and body["uptime_s"] >= 0
 
     with open("/proc/%d/cmdline" % pid, "rb") as fh:
