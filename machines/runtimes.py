@@ -58,11 +58,12 @@ def _runtime(entry) -> Runtime | None:
 
 
 def found_in(facts: Mapping) -> list[Runtime]:
-    """The engines the agent found, once each, in the agent's order of preference. An agent older than
+    """The engines the agent found answering, once each, in the agent's order of preference. An agent older than
     ``container_runtimes`` named only the one it would use: that one, when it is an engine."""
     listed = facts.get("container_runtimes")
     if isinstance(listed, list):
-        entries = [_runtime(e) for e in listed]
+        # An engine whose daemon does not answer (Docker's client without its daemon) runs nothing.
+        entries = [_runtime(e) for e in listed if not (isinstance(e, Mapping) and e.get("answers") is False)]
     else:
         entries = [_runtime(facts.get("container_runtime"))]
     engines = {e.name: e for e in reversed(entries) if e is not None and e.name in ENGINES}  # the first of a name wins

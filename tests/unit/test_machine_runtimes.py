@@ -20,6 +20,7 @@ from tests.factories import MachineFactory, UserFactory
 DOCKER = Runtime("docker", "27.3.1")
 PODMAN = Runtime("podman", "4.9.3")
 PROCESS = Runtime("process", "0.1.0")
+PODMAN_43 = Runtime("podman", "4.3.1")
 
 
 # -- the rule -------------------------------------------------------------------------------------
@@ -72,6 +73,11 @@ def test_the_sentence_for_no_runtime_names_the_machine():
       "container_runtimes": [{"name": "docker", "version": "27.3.1"}, {"name": "podman", "version": "4.9.3"}]},
      [DOCKER, PODMAN], DOCKER),
     ({"container_runtime": None, "container_runtimes": []}, [], None),
+    # Docker's client without its daemon (the lab's machines): it runs nothing, Podman does.
+    ({"container_runtime": {"name": "podman", "version": "4.3.1"},
+      "container_runtimes": [{"name": "docker", "version": None, "answers": False},
+                             {"name": "podman", "version": "4.3.1", "answers": True}]},
+     [PODMAN_43], None),
     # What is not an engine, or not a runtime at all, is left out.
     ({"container_runtime": "docker", "container_runtimes": [{"name": "lxc", "version": "5"}, "podman", {"version": "1"}]}, [], None),
 ])
