@@ -23,6 +23,7 @@ saw is kept in the file's timelines. The lab goes down at the end, also after an
 import argparse
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -73,6 +74,7 @@ class Row:
     did: list[str] = field(default_factory=list)
     timeline: list[tuple[float, str]] = field(default_factory=list)
     note: str = ""
+    case: str = ""
 
 
 class Watch:
@@ -333,9 +335,13 @@ class Bench:
     def run(self, names: list[str]) -> list[Row]:
         rows = []
         self.settle()
-        for name in names:
+        runs = self.args.runs
+        for name in [name for name in names for _ in range(runs)]:
             title, case = self.CASES[name]
             row = Row(title.format(link=self.args.link_down))
+            if runs > 1:
+                row.failure += f", run {sum(1 for r in rows if r.case == name) + 1} of {runs}"
+            row.case = name
             print(f"-- {row.failure}", flush=True)
             started = time.monotonic()
             try:
@@ -396,6 +402,18 @@ def report(bench: Bench, rows: list[Row], *, command: str, wall: float, stated: 
         "Running with every machine Up and no words, from the fault, and for a fault that was undone (link up, power",
         "on) also from that.",
         "",
+    ]
+    repeated = sorted({row.case for row in rows if sum(1 for r in rows if r.case == row.case) > 1}, key=list(Bench.CASES).index)
+    if repeated:
+        lines += ["| failure | runs | ready again: median (s) | worst (s) |", "| --- | --- | --- | --- |"]
+        for name in repeated:
+            ready = sorted(r.ready for r in rows if r.case == name and r.ready is not None)
+            runs = sum(1 for r in rows if r.case == name)
+            median = seconds(statistics.median(ready)) if ready else "—"
+            worst = seconds(ready[-1]) if len(ready) == runs else f"{runs - len(ready)} never ready"
+            lines.append(f"| {cell(Bench.CASES[name][0].format(link=bench.args.link_down))} | {runs} | {median} | {worst} |")
+        lines.append("")
+    lines += [
         "| failure | first sign (s, and what) | ready again (s) | what the console said and did |",
         "| --- | --- | --- | --- |",
     ]
@@ -463,6 +481,7 @@ def main() -> None:
     parser.add_argument("--restart-pause", type=int, help="FADEN_RESTART_PAUSE (s); stated in the report")
     parser.add_argument("--link-down", type=float, default=20, help="seconds lab-b's fabric link stays down (default 20)")
     parser.add_argument("--no-worker-power", action="store_true", help="leave out the worker powered off")
+    parser.add_argument("--runs", type=int, default=1, help="each case this many times (the report adds median and worst)")
     parser.add_argument("--cases", help=f"a comma-separated subset of {','.join(Bench.CASES)}")
     parser.add_argument("--out", default=str(ROOT / "docs/resilience.md"))
     args = parser.parse_args()
@@ -486,7 +505,7 @@ def main() -> None:
     django.setup()
     from django.core.management import call_command
 
-    from tests.harness import IMAGE_MIB, INTERVALS, console_lab, enrol, images_import, running
+    from tests.harness import INTERVALS, console_lab, enrol, images_import, running
     from tests.processes import console_processes
 
     intervals, stated = (dict(INTERVALS), ["Shortened intervals (--fast, the lab tests' own)"]) if args.fast else ({}, [])
@@ -502,7 +521,7 @@ def main() -> None:
     try:
         with console_processes(beat=True, env=intervals, enqueue=True):
             machines = enrol(lab, *MACHINES, timeout=120)
-            images_import(lab, IMAGE_MIB, data_dir / "images")
+            images_import(lab, None, data_dir / "images")  # the real image: Ray runs in Podman
             bench.cluster_id = running(CLUSTER, machines, timeout=300).pk
             print(f"cluster {CLUSTER} running on {', '.join(MACHINES)} after {time.monotonic() - started:.0f} s", flush=True)
             rows = bench.run(names)

@@ -34,7 +34,8 @@ import threading
 import time
 
 from .cli import arg
-from .containers import AMD, ENGINES, MACHINE_RE, NVIDIA, STORE_IN_CONTAINER, Engine, container_name
+from .containers import (AMD, ENGINES, ENV_NAME_RE, MACHINE_RE, NVIDIA, STORE_IN_CONTAINER, Engine,
+                         container_name)
 from .engineoutput import is_no_such_container, left_by_others, parse_loaded, parse_ps, parse_state
 from .facts import Collector
 from .files import runtime_dir
@@ -51,6 +52,14 @@ DRIVER = arg("--driver", metavar="NAME",
 KEEP_ALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 # Variables `ray start` and the status script get from the agent (by name only).
 RAY_ENV_NAMES = ("RAY_USAGE_STATS_ENABLED", "RAY_gcs_server_request_timeout_seconds")
+
+
+def ray_env_names() -> list:
+    """The variables Ray reads, by name, as the agent has them (``RAY_*``: the machine's own settings
+    for Ray, like the lab's shorter node health checks), so Ray in the container sees what Ray
+    started without one would; values stay in the environment, never in ``ps``."""
+    present = (name for name in os.environ if name.startswith("RAY_") and ENV_NAME_RE.match(name))
+    return sorted(set(RAY_ENV_NAMES) | set(present))
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 ENGINE_TIMEOUT = 60
 RUN_TIMEOUT = 300             # `run` may create a large image's container layer
@@ -238,10 +247,10 @@ class ContainerDriver:
     # What `ray` runs: the image's executables, inside the running container.
 
     def ray_argv(self, *args) -> list:
-        return self.engine.exec_argv(self.cluster, [self.ray] + list(args), RAY_ENV_NAMES)
+        return self.engine.exec_argv(self.cluster, [self.ray] + list(args), ray_env_names())
 
     def python_argv(self, *args) -> list:
-        return self.engine.exec_argv(self.cluster, [self.python, "-I"] + list(args), RAY_ENV_NAMES)
+        return self.engine.exec_argv(self.cluster, [self.python, "-I"] + list(args), ray_env_names())
 
     def start_args(self) -> list:
         return []

@@ -58,11 +58,15 @@ def podman_driver(cluster="alpha", config=LAB_PODMAN, **kwargs):
 # ---------------------------------------------------------------- Ray through exec
 
 
-def test_ray_runs_inside_the_clusters_container_with_its_variables_by_name():
+def test_ray_runs_inside_the_clusters_container_with_its_variables_by_name(monkeypatch):
+    for name in [n for n in os.environ if n.startswith("RAY_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("RAY_health_check_period_ms", "2000")  # the machine's own setting for Ray: passed on
+    monkeypatch.setenv("RAYON_NUM_THREADS", "4")  # not Ray's
     driver = podman_driver()
     assert driver.ray_argv("start", "--head") == PODMAN + [
         "exec", "-e", "RAY_USAGE_STATS_ENABLED", "-e", "RAY_gcs_server_request_timeout_seconds",
-        "fadenstack-alpha", "ray", "start", "--head"]
+        "-e", "RAY_health_check_period_ms", "fadenstack-alpha", "ray", "start", "--head"]
     assert driver.python_argv("-c", "print(1)")[-5:] == ["fadenstack-alpha", "python3", "-I", "-c", "print(1)"]
 
 
