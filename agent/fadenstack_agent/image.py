@@ -17,7 +17,7 @@ from . import blob, imagearchive
 from .blobstore import check_digest, list_blobs
 from .cli import DIGEST, STORE, command, group
 from .containers import ENGINES, Engine
-from .engines import DRIVER, chosen_driver, has_image, load_image
+from .engines import DRIVER, chosen_driver, has_image, holds_build, load_image
 from .files import load_machine_config, read_json, runtime_dir, store_dir, write_json
 from .protocol import NOT_RETRYABLE, AgentError
 
@@ -88,8 +88,12 @@ def cmd_load(args, out) -> int:
                 and has_image(engine, before["image_ref"])):
             return out.result(manifest=manifest, digest=digest, path=path, driver=driver,
                               image_ref=before["image_ref"], already_loaded=True)
-        image_ref = load_image(engine, store, path, digest, out)
-        out.log("%s loaded the runtime image %s as %s" % (driver, digest[:12], image_ref))
+        if holds_build(engine, manifest):
+            image_ref = manifest["tag"]
+            out.log("%s holds the runtime image %s already, as %s" % (driver, digest[:12], image_ref))
+        else:
+            image_ref = load_image(engine, store, path, digest, out)
+            out.log("%s loaded the runtime image %s as %s" % (driver, digest[:12], image_ref))
     record = {"digest": digest, "path": path, "manifest": manifest, "driver": driver, "image_ref": image_ref,
               "loaded_at": round(time.time(), 3)}
     write_json(loaded_path(store), record)

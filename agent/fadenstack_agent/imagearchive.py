@@ -15,10 +15,13 @@ image's config, whose labels name the build::
                                                list (default: a shell that only waits)
 
 ``read_labels`` returns them as the manifest the agent records
-(``{"name", "version", "arch", "accelerator_vendor", "certified", "tag"}``).
+(``{"name", "version", "arch", "accelerator_vendor", "certified", "tag",
+"image_id"}``: ``image_id`` is the sha256 of the image's config, the ID an
+engine gives the image once loaded).
 The console reads the same labels when it imports a build.
 """
 
+import hashlib
 import json
 import tarfile
 
@@ -59,6 +62,8 @@ def read_labels(path: str) -> dict:
                     or not isinstance(index[0].get("Config"), str):
                 raise _refuse(path, "its manifest.json does not name exactly one image and its config")
             config = _json(tar, members, index[0]["Config"], path)
+            config_member = members[index[0]["Config"][2:] if index[0]["Config"].startswith("./") else index[0]["Config"]]
+            config_digest = hashlib.sha256(tar.extractfile(config_member).read()).hexdigest()
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise _refuse(path, "not a readable tar archive (%s)" % exc)
     labels = ((config if isinstance(config, dict) else {}).get("config") or {}).get("Labels") or {}
@@ -76,4 +81,5 @@ def read_labels(path: str) -> dict:
             raise _refuse(path, "its label %scommand is not a JSON list of strings" % LABEL)
     tags = index[0].get("RepoTags")
     manifest["tag"] = tags[0] if isinstance(tags, list) and tags and isinstance(tags[0], str) else None
+    manifest["image_id"] = config_digest  # what an engine calls the image once loaded: its config's sha256
     return manifest

@@ -46,7 +46,8 @@ def make_image(directory, size_mib=40, chunk_size=MiB):
         data = fh.read()
     hashes = [hashlib.sha256(data[i:i + chunk_size]).hexdigest() for i in range(0, len(data), chunk_size)]
     return {"path": path, "data": data, "digest": hashlib.sha256(data).hexdigest(), "size": len(data),
-            "chunk_size": chunk_size, "chunk_hashes": hashes, "manifest": dict(manifest, tag="localhost/faden-runtime:2.0.1")}
+            "chunk_size": chunk_size, "chunk_hashes": hashes,
+            "manifest": dict(manifest, tag="localhost/faden-runtime:2.0.1", image_id=hashlib.sha256(config.encode()).hexdigest())}
 
 
 def spec_for(image, url, **extra):

@@ -158,6 +158,11 @@ def test_an_image_is_loaded_started_for_its_cluster_and_stopped(world):
     assert engine.run("image", "inspect", world["tag"]).returncode == 0
     code, final = agent(machine, "image", "load", "--digest", digest, "--driver", engine.name)
     assert code == 0 and final["already_loaded"] is True
+    # The store cleared (its record of the load gone): the engine holds this very build, nothing to load.
+    os.remove(os.path.join(machine.store, "runtime", "loaded.json"))
+    code, events = machine.run(["image", "load", "--digest", digest, "--driver", engine.name], timeout=180)
+    assert code == 0 and events[-1]["image_ref"] == world["tag"]
+    assert any("holds the runtime image" in e.get("message", "") for e in events if e.get("event") == "log")
 
     # What an earlier cluster left on this machine (created, never started).
     engine.run("create", "--name", "fadenstack-" + other, "--label", "fadenstack.cluster=" + other,

@@ -26,7 +26,8 @@ def test_the_labels_of_an_image_archive_are_its_manifest(tmp_path):
 
     assert imagearchive.read_labels(image["path"]) == {
         "name": "faden-runtime", "version": "2.0.1", "arch": "x86_64", "accelerator_vendor": "none",
-        "certified": True, "tag": "localhost/faden-runtime:2.0.1"}
+        "certified": True, "tag": "localhost/faden-runtime:2.0.1", "image_id": image["manifest"]["image_id"]}
+    assert len(image["manifest"]["image_id"]) == 64
 
 
 INDEX = json.dumps([{"Config": "c.json", "Layers": []}]).encode()
