@@ -149,3 +149,16 @@ def isolated_channel_layer(settings):
     channel_layers.backends.clear()
     yield
     channel_layers.backends.clear()
+
+
+@pytest.fixture
+def queued(monkeypatch):
+    """The clusters' tasks enqueued after commit, recorded instead of run (they would reach the machines)."""
+    from clusters import tasks
+
+    calls = []
+    monkeypatch.setattr(tasks.cluster_job, "delay", lambda job_id: calls.append(("cluster_job", job_id)))
+    monkeypatch.setattr(tasks.cluster_check, "delay", lambda *args: calls.append(("cluster_check", *args)))
+    monkeypatch.setattr(tasks.cluster_check, "apply_async",
+                        lambda args, countdown=None, **kw: calls.append(("cluster_check later", *args, countdown)))
+    return calls

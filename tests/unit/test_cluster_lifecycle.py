@@ -7,7 +7,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from clusters import actions, health, services, steps, tasks
+from clusters import actions, health, services, steps
 from tests.fakes import FakeAgents
 from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck
@@ -56,17 +56,6 @@ def stopped_room(runtime, gpu_a, gpu_b):
 def no_pushes(monkeypatch):
     """Pushes are hints to the pages; these tests read the database."""
     monkeypatch.setattr(live, "push", lambda *args, **kwargs: None)
-
-
-@pytest.fixture
-def queued(monkeypatch):
-    """The tasks enqueued after commit, recorded instead of run (they would reach the machines)."""
-    calls = []
-    monkeypatch.setattr(tasks.cluster_job, "delay", lambda job_id: calls.append(("cluster_job", job_id)))
-    monkeypatch.setattr(tasks.cluster_check, "delay", lambda *args: calls.append(("cluster_check", *args)))
-    monkeypatch.setattr(tasks.cluster_check, "apply_async",
-                        lambda args, countdown=None, **kw: calls.append(("cluster_check later", *args, countdown)))
-    return calls
 
 
 @pytest.fixture

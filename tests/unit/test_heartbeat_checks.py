@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from clusters import health, steps, tasks
+from clusters import health, steps
 from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, MemberState
 from clusters.models import Cluster, ClusterMember, HealthCheck
 from console import live
@@ -68,17 +68,6 @@ def no_pushes(monkeypatch):
 @pytest.fixture(autouse=True)
 def intervals(settings):
     settings.FADEN_HEALTH_LOOK_AGAIN, settings.FADEN_HEARTBEAT_INTERVAL = 20, 10
-
-
-@pytest.fixture
-def queued(monkeypatch):
-    """The tasks enqueued after commit, recorded instead of run."""
-    calls = []
-    monkeypatch.setattr(tasks.cluster_job, "delay", lambda job_id: calls.append(("cluster_job", job_id)))
-    monkeypatch.setattr(tasks.cluster_check, "delay", lambda *args: calls.append(("cluster_check", *args)))
-    monkeypatch.setattr(tasks.cluster_check, "apply_async",
-                        lambda args, countdown=None, **kw: calls.append(("cluster_check later", *args, countdown)))
-    return calls
 
 
 @pytest.fixture
