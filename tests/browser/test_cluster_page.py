@@ -27,13 +27,16 @@ def console_options():
 
 @pytest.fixture
 def machines(console, settings, lab):
-    """lab-a, lab-b and lab-c enrolled (here) with the lab's runtime images imported; their heartbeats go
-    to the console's processes, whose beat marks a silent machine Offline. Nothing left running after."""
+    """lab-a, lab-b and lab-c on Podman, as real machines, enrolled (here) with the lab's real runtime images
+    imported; their heartbeats go to the console's processes, whose beat marks a silent machine Offline.
+    Nothing left running after, and the machines back on the fast `process` path."""
     settings.FADEN_CONSOLE_URL = f"http://{LAB_CONSOLE_ADDRESS}:{console.rsplit(':', 1)[1]}"
-    images_import(lab)
+    lab.runtime("podman", "lab-a", "lab-b", "lab-c")
+    images_import(lab, None)
     yield enrol(lab, "lab-a", "lab-b", "lab-c")
     lab.heal()
     leave_nothing_running(Machine.objects.all())
+    lab.runtime("process", "lab-a", "lab-b", "lab-c")
 
 
 def picked(machines) -> re.Pattern:
@@ -46,12 +49,12 @@ def member_row(page, name: str):
 
 
 def test_a_cluster_from_the_wizard_to_its_deletion(page, machines, lab):
-    gpu_room = wizard_creates(page, machines[:2])  # lab-c stays free, to be added later
+    gpu_room = wizard_creates(page, machines[:2], lab)  # lab-c stays free, to be added later
     killed_worker_is_repaired_live(page, lab)
     buttons_stop_move_start_add_and_delete(page, gpu_room)
 
 
-def wizard_creates(page, pair) -> Cluster:
+def wizard_creates(page, pair, lab) -> Cluster:
     page.goto("/clusters/new/")
     page.fill("#cluster-name", "gpu-room")
     page.click("#wizard button[type=submit]")
@@ -94,6 +97,8 @@ def wizard_creates(page, pair) -> Cluster:
     expect(page.locator("#cluster-header .badge")).to_have_text("Running", timeout=180000)
     expect(page.locator("#cluster-status")).to_contain_text("16")
     expect(page.locator("#cluster-members .image-percent").first).to_have_text("100%")
+    for machine in pair:  # Ray runs in Podman's container on each machine, as on a real one
+        assert lab.ssh(machine.address, "podman ps --format '{{.Names}}'").stdout.split() == ["fadenstack-gpu-room"]
     return Cluster.objects.get(name="gpu-room")
 
 

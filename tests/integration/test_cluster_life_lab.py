@@ -179,13 +179,15 @@ def test_a_machine_added_to_a_running_cluster_gets_the_image_from_the_cluster_an
     assert sum(cluster.members.values_list("accelerators_in_ray", flat=True)) == before + added.accelerators_in_ray > before
 
 
-def test_stop_frees_the_machines_start_brings_it_back_and_delete_leaves_them_enrolled(life, machines):
+def test_stop_frees_the_machines_start_brings_it_back_and_delete_leaves_them_enrolled(lab, life, machines):
     members = list(life.members.select_related("machine"))
 
     services.cluster_stop(cluster=life)
     cluster = wait_for(lambda: cluster_in(NAME, ClusterState.STOPPED), timeout=60, what="Stopped")
     assert set(cluster.members.values_list("state", flat=True)) == {MemberState.STOPPED}
     assert not any(ray_runs_on(m.machine) for m in members)
+    for m in members:  # the runtime container is gone, and with it the GPUs it held
+        assert lab.ssh(m.machine.address, "podman ps -a --format '{{.Names}}'").stdout.split() == []
     assert cluster.network == FABRIC and cluster.members.count() == len(members)
 
     services.cluster_start(cluster=cluster)

@@ -160,3 +160,29 @@ def test_a_machine_powered_off_goes_offline_and_comes_back(lab, lab_machine, con
 
     assert back, "the machine did not come back Healthy within 30 s of power-on"
     assert machine.events.filter(kind=EventKind.RECONNECTED).exists()
+
+
+def test_update_agent_installs_the_console_s_agent_and_brings_its_heartbeat_back(lab, lab_machine, console_url,
+                                                                                short_heartbeats):
+    from machines.agent import agent_version
+
+    machine = enrol(lab_machine, "lab-d")
+    # An agent older than the console's, as a machine enrolled before an upgrade has it: the console's
+    # build is not on the machine, and its heartbeat (an old one, stopped here) is not the console's.
+    lab.fault("lab-d", "kill-process", "heartbeat run")
+    assert lab.ssh(machine.address, "rm -f /opt/fadenstack/agent/fadenstack-agent-*.pyz").returncode == 0
+    Machine.objects.filter(pk=machine.pk).update(agent_version="0.2.0")  # after its last beat, which says its own
+    machine.refresh_from_db()
+    assert machine.agent_outdated
+
+    job = services.machine_update_agent(machine=machine)
+
+    job.refresh_from_db()
+    assert job.state == "succeeded", job.error
+    assert "The heartbeat is not running" in job.log and f"Agent 0.2.0 → {agent_version()}" in job.log
+    machine.refresh_from_db()
+    assert machine.agent_version == agent_version() and not machine.agent_outdated
+    assert lab.ssh(machine.address, f"test -f {machine.agent_path}").returncode == 0
+    since = timezone.now()
+    assert wait_for(lambda: Machine.objects.filter(pk=machine.pk, last_seen__gt=since).exists(), timeout=25), \
+        "the restarted heartbeat did not reach the console within 25 s"
