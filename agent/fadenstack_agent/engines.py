@@ -167,16 +167,6 @@ def has_image(engine: Engine, image: str) -> bool:
     return run_engine(engine.image_exists_argv(image))[0] == 0
 
 
-def holds_build(engine: Engine, manifest: dict) -> bool:
-    """The engine holds this very build under its tag already (the image ID is its config's sha256):
-    loading it again would change nothing, after a store was cleared, say."""
-    tag, image_id = manifest.get("tag"), manifest.get("image_id")
-    if not tag or not image_id:
-        return False
-    code, out, _ = run_engine(engine.image_exists_argv(tag))
-    return code == 0 and out.strip().split(":")[-1] == image_id
-
-
 def load_image(engine: Engine, store: str, path: str, digest: str, out) -> str:
     """Stream the runtime image (a docker-archive) to ``<engine> load``; the
     image reference it reports.  The engine's words go to

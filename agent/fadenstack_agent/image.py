@@ -17,7 +17,7 @@ from . import blob, imagearchive
 from .blobstore import check_digest, list_blobs
 from .cli import DIGEST, STORE, command, group
 from .containers import ENGINES, Engine
-from .engines import DRIVER, chosen_driver, has_image, holds_build, load_image
+from .engines import DRIVER, chosen_driver, has_image, load_image, run_engine
 from .files import load_machine_config, read_json, runtime_dir, store_dir, write_json
 from .protocol import NOT_RETRYABLE, AgentError
 
@@ -38,6 +38,16 @@ def read_loaded(store: str) -> dict:
 def read_manifest(path: str) -> dict:
     """What the runtime image says of itself: its labels (``imagearchive``)."""
     return imagearchive.read_labels(path)
+
+
+def holds_build(engine: Engine, manifest: dict) -> bool:
+    """The engine holds this very build under its tag already (the image ID is its config's sha256):
+    loading it again would change nothing, after a store was cleared, say."""
+    tag, image_id = manifest.get("tag"), manifest.get("image_id")
+    if not tag or not image_id:
+        return False
+    code, out, _ = run_engine(engine.image_exists_argv(tag))
+    return code == 0 and out.strip().split(":")[-1] == image_id
 
 
 # ------------------------------------------------------------------ commands
