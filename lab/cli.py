@@ -1,4 +1,4 @@
-"""`faden lab ...`: up, down, status, fault, images. Entry point: ``main(argv)``."""
+"""`faden lab ...`: up, down, status, fault, images, hub. Entry point: ``main(argv)``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from . import core, faults, images
+from . import core, faults, hub, images
 from .state import LabState, state_dir_from_env
 from .util import LabError, UsageError
 
@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="instead, images whose one layer is MIB of random bytes: for tests that move "
                            "images but never run them (the process driver)")
     made.add_argument("--out", metavar="DIR", help="where to write them (default: <state dir>/images)")
+    hub_command = commands.add_parser("hub", help="serve the lab hub (a stand-in for the Hugging Face Hub) "
+                                                  "until interrupted; not started by `up` yet")
+    hub_command.add_argument("--bind", default="127.0.0.1", metavar="ADDR", help="address (default 127.0.0.1)")
+    hub_command.add_argument("--port", type=int, default=hub.DEFAULT_PORT, metavar="N",
+                             help=f"port (default {hub.DEFAULT_PORT}; 0: any free port)")
+    hub_command.add_argument("--token", action="append", default=[], dest="tokens", metavar="TOKEN",
+                             help="a token that may download gated models (repeatable)")
     return parser
 
 
@@ -80,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             print(core.set_runtime(state, options.machines, options.runtime))
         elif options.command == "images":
             print(make_images(options.out or state.root / "images", options.synthetic_mib))
+        elif options.command == "hub":
+            hub.serve(options.bind, options.port, options.tokens)
     except LabError as error:
         print(f"faden lab {options.command}: {error}", file=sys.stderr)
         return error.exit_code
