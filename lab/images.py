@@ -88,16 +88,21 @@ def _key(*parts) -> str:
     return hashlib.sha256(json.dumps([RECIPE, *parts]).encode()).hexdigest()[:16]
 
 
-def _cached_layer(name: str, key: str, make) -> archive.Layer:
-    """The layer ``name-key`` from the cache, made by ``make(out_path)`` when it is not there."""
-    directory = cache_dir() / "layers"
-    directory.mkdir(parents=True, exist_ok=True)
-    path, meta = directory / f"{name}-{key}.tar.gz", directory / f"{name}-{key}.json"
+def _layer_at(path: Path, make) -> archive.Layer:
+    """The layer at ``path`` (its diff id beside it, in a .json), made by ``make(path)`` when it is not there."""
+    meta = path.with_name(path.name.removesuffix(".tar.gz") + ".json")
     if path.is_file() and meta.is_file():
         return archive.Layer(path=path, diff_id=json.loads(meta.read_text())["diff_id"])
     layer = make(path)
     meta.write_text(json.dumps({"diff_id": layer.diff_id}))
     return layer
+
+
+def _cached_layer(name: str, key: str, make) -> archive.Layer:
+    """The layer ``name-key`` from the cache directory, made when it is not there."""
+    directory = cache_dir() / "layers"
+    directory.mkdir(parents=True, exist_ok=True)
+    return _layer_at(directory / f"{name}-{key}.tar.gz", make)
 
 
 def _run(argv: list[str], what: str) -> None:
@@ -143,12 +148,8 @@ def ray_layer(arch: str, version: str) -> archive.Layer:
 def synthetic_layer(out_dir: Path, size_mib: int) -> archive.Layer:
     """One file of random bytes (bytes that neither compress nor repeat, for transfers and resumes),
     kept beside the images it went into."""
-    path, meta = out_dir / f".synthetic-{size_mib}.tar.gz", out_dir / f".synthetic-{size_mib}.json"
-    if path.is_file() and meta.is_file():
-        return archive.Layer(path=path, diff_id=json.loads(meta.read_text())["diff_id"])
-    layer = archive.layer_from_files({"payload.bin": os.urandom(size_mib * MIB)}, path)
-    meta.write_text(json.dumps({"diff_id": layer.diff_id}))
-    return layer
+    return _layer_at(out_dir / f".synthetic-{size_mib}.tar.gz",
+                     lambda path: archive.layer_from_files({"payload.bin": os.urandom(size_mib * MIB)}, path))
 
 
 def synthetic_write(path: Path, build: Build, payload_bytes: int, **labels: str) -> Path:

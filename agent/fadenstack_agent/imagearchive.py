@@ -37,14 +37,21 @@ def _refuse(path: str, reason: str) -> AgentError:
     return AgentError(NOT_RETRYABLE, "%s is not a runtime image: %s" % (path, reason))
 
 
+def _unprefixed(name: str) -> str:
+    return name[2:] if name.startswith("./") else name
+
+
 def _json(tar, members: dict, name: str, path: str):
+    """The member ``name`` parsed, and its raw bytes."""
+    name = _unprefixed(name)
     member = members.get(name)
     if member is None or not member.isfile():
         raise _refuse(path, "it has no %s (an image archive, as `docker save` writes one, has)" % name)
     if member.size > JSON_MAX:
         raise _refuse(path, "its %s is %d bytes, too big" % (name, member.size))
+    raw = tar.extractfile(member).read()
     try:
-        return json.loads(tar.extractfile(member).read().decode("utf-8"))
+        return json.loads(raw.decode("utf-8")), raw
     except (UnicodeDecodeError, ValueError) as exc:
         raise _refuse(path, "its %s is not valid JSON: %s" % (name, exc))
 
@@ -53,19 +60,15 @@ def read_labels(path: str) -> dict:
     """The build's manifest from the archive's labels, or ``not_retryable`` in plain words."""
     try:
         with tarfile.open(path, mode="r:") as tar:
-            members = {}
-            for member in tar:
-                name = member.name[2:] if member.name.startswith("./") else member.name
-                members[name] = member
-            index = _json(tar, members, "manifest.json", path)
+            members = {_unprefixed(member.name): member for member in tar}
+            index, _ = _json(tar, members, "manifest.json", path)
             if not isinstance(index, list) or len(index) != 1 or not isinstance(index[0], dict) \
                     or not isinstance(index[0].get("Config"), str):
                 raise _refuse(path, "its manifest.json does not name exactly one image and its config")
-            config = _json(tar, members, index[0]["Config"], path)
-            config_member = members[index[0]["Config"][2:] if index[0]["Config"].startswith("./") else index[0]["Config"]]
-            config_digest = hashlib.sha256(tar.extractfile(config_member).read()).hexdigest()
+            config, raw_config = _json(tar, members, index[0]["Config"], path)
     except (tarfile.TarError, OSError, EOFError) as exc:
         raise _refuse(path, "not a readable tar archive (%s)" % exc)
+    config_digest = hashlib.sha256(raw_config).hexdigest()
     labels = ((config if isinstance(config, dict) else {}).get("config") or {}).get("Labels") or {}
     manifest = {field: labels[LABEL + field.replace("_", "-")] for field in FIELDS
                 if LABEL + field.replace("_", "-") in labels}
