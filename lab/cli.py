@@ -56,13 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="instead, images whose one layer is MIB of random bytes: for tests that move "
                            "images but never run them (the process driver)")
     made.add_argument("--out", metavar="DIR", help="where to write them (default: <state dir>/images)")
-    hub_command = commands.add_parser("hub", help="serve the lab hub (a stand-in for the Hugging Face Hub) "
-                                                  "until interrupted; not started by `up` yet")
+    hub_command = commands.add_parser("hub", help="serve a lab hub (a stand-in for the Hugging Face Hub) until "
+                                                  "interrupted; `up` starts the lab's own on the management network")
     hub_command.add_argument("--bind", default="127.0.0.1", metavar="ADDR", help="address (default 127.0.0.1)")
     hub_command.add_argument("--port", type=int, default=hub.DEFAULT_PORT, metavar="N",
                              help=f"port (default {hub.DEFAULT_PORT}; 0: any free port)")
     hub_command.add_argument("--token", action="append", default=[], dest="tokens", metavar="TOKEN",
                              help="a token that may download gated models (repeatable)")
+    hub_command.add_argument("--token-file", metavar="PATH",
+                             help="a file of such tokens, one a line (keeps them off the command line)")
     return parser
 
 
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         elif options.command == "images":
             print(make_images(options.out or state.root / "images", options.synthetic_mib))
         elif options.command == "hub":
-            hub.serve(options.bind, options.port, options.tokens)
+            tokens = options.tokens + (hub.read_token_file(options.token_file) if options.token_file else [])
+            hub.serve(options.bind, options.port, tokens)
     except LabError as error:
         print(f"faden lab {options.command}: {error}", file=sys.stderr)
         return error.exit_code
@@ -130,6 +133,10 @@ def format_status(result: dict) -> str:
              f"state {result['state_dir']}"]
     if result.get("private_key"):
         lines.append(f"ssh key: {result['private_key']} (made by the lab)")
+    hub = result.get("hub")
+    if hub:
+        lines.append(f"hub: {hub['url']} ({'running' if hub['running'] else 'NOT RUNNING'}, "
+                     f"{hub['rate_mbit']:g} Mbit/s, {len(hub['models'])} models; token file {hub['token_file']})")
     lines.append("")
     rows = [("MACHINE", "ADDRESS", "POWER", "SSHD", "ARCH", "ACCELERATORS", "NETWORKS",
              "HOST KEY", "FAULTS")]
@@ -142,6 +149,8 @@ def format_status(result: dict) -> str:
         notes += [f"port {port} taken" for port in machine_faults["ports_taken"]]
         if machine_faults["disk_full"]:
             notes.append("disk full")
+        if machine_faults.get("hub_cut"):
+            notes.append("hub cut")
         rows.append((
             machine["name"], machine["address"], "on" if machine["powered"] else "off",
             "up" if machine["sshd_running"] else "down", spec["arch"], accelerators or "-",

@@ -11,9 +11,8 @@ import shutil
 import time
 from pathlib import Path
 
-from . import DEFAULT_STATE_DIR
+from . import DEFAULT_STATE_DIR, hub_host, netns
 from . import machine as machines
-from . import netns
 from .spec import LabSpec, load_spec, parse_spec
 from .state import LabState, host_locked, read_marker, remove_marker, write_marker
 from .util import LabError, is_mount_point, missing_host_support, mount_points, run
@@ -92,7 +91,8 @@ def up(state: LabState, spec_path: str | None, key_argument: str | None) -> str:
             raise
         seconds = time.monotonic() - started
     return (f"lab is up: {len(spec.machines)} machines on {len(spec.networks)} networks "
-            f"in {seconds:.1f}s; console address {spec.console_address}; state {state.root}")
+            f"in {seconds:.1f}s; console address {spec.console_address}; hub {spec.hub_url}; "
+            f"state {state.root}")
 
 
 def _refuse_other_lab(state: LabState) -> None:
@@ -132,6 +132,7 @@ def _build(state: LabState, spec: LabSpec, key: str | None, digest: str) -> None
             state.record("host_dirs", mount_point)
     for network in spec.networks:
         netns.create_bridge(state, network)
+    hub_host.create(state, spec)
     for machine in spec.machines:
         netns.create_netns(state, machine)
         for name in machine.networks:
@@ -147,10 +148,12 @@ def _build(state: LabState, spec: LabSpec, key: str | None, digest: str) -> None
             raise LabError(f"{machine.name}: ssh-keygen failed: {process.stderr.read().strip()}")
     for machine in spec.machines:
         state.machine(machine.name).update(powered=True, links_down=[], link_rates={},
-                                           ports_taken={}, disk_full=False)
+                                           ports_taken={}, disk_full=False, hub_cut=False)
         machines.boot(state, machine)
+    hub_host.start(state, spec)  # while the machines boot
     for machine in spec.machines:
         state.machine(machine.name)["init_pid"] = machines.wait_booted(state, spec, machine)
+    hub_host.wait_ready(state, spec)
     state.data["status"] = "up"
     state.save()
 
@@ -287,7 +290,7 @@ def _remove_state_files(state: LabState) -> None:
 
 
 def _lab_links() -> list[str]:
-    pattern = re.compile(r"^(flb-[a-z0-9]+|f[lm]\d+-[a-z0-9]+)$")
+    pattern = re.compile(r"^(flb-[a-z0-9]+|f[lm](\d+|h)-[a-z0-9]+)$")  # bridges, machines' and the hub's veths
     return sorted(name for name in os.listdir("/sys/class/net") if pattern.match(name))
 
 
@@ -339,6 +342,7 @@ def status(state: LabState) -> dict:
         "authorized_key": state.data.get("authorized_key"),
         "private_key": state.data.get("generated_key"),
         "networks": [network.to_json() for network in spec.networks],
+        "hub": hub_host.status(state, spec),
         "machines": [],
     }
     for machine in spec.machines:
@@ -362,6 +366,7 @@ def status(state: LabState) -> dict:
                 "link_rates": record.get("link_rates", {}),
                 "ports_taken": sorted(int(port) for port in record.get("ports_taken", {})),
                 "disk_full": record.get("disk_full", False),
+                "hub_cut": record.get("hub_cut", False),
             },
         })
     return result

@@ -9,8 +9,8 @@ import signal
 import subprocess
 import time
 
+from . import hub_host, netns
 from . import machine as machines
-from . import netns
 from .core import is_up, loaded_spec
 from .spec import LabSpec, MachineSpec
 from .state import LabState
@@ -37,6 +37,8 @@ KINDS = {
     "port-free": ("PORT", "end that process"),
     "disk-full": ("", "fill the machine's disk (machines with disk_mib)"),
     "disk-free": ("", "free what disk-full filled"),
+    "hub-cut": ("", "cut the machine off from the lab hub (no route to it; the rest is reached)"),
+    "hub-restore": ("", "let it reach the lab hub again"),
     "ray-kill": ("", "SIGKILL the machine's Ray processes"),
     "kill-process": ("PATTERN", "SIGKILL the machine's processes whose command line has PATTERN"),
 }
@@ -173,6 +175,18 @@ class Fault:
     def _shape(self, network, rate_mbit: float) -> None:
         netns.shape(self.machine.host_link(network.name), rate_mbit)
         netns.shape(network.interface, rate_mbit, netns=self.machine.netns)
+
+    def hub_cut(self) -> str:
+        # A route, not a link: the machine's namespace keeps it across power cycles, like a
+        # pulled cable (link-down) stays pulled.
+        hub_host.cut(self.spec, self.machine)
+        self.record["hub_cut"] = True
+        return f"cut off from the lab hub ({self.spec.hub_address}: no route to host)"
+
+    def hub_restore(self) -> str:
+        hub_host.restore(self.spec, self.machine)
+        self.record["hub_cut"] = False
+        return f"reaches the lab hub again ({self.spec.hub_url})"
 
     # -- sshd --------------------------------------------------------------
     def sshd_stop(self) -> str:

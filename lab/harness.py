@@ -114,7 +114,8 @@ class Lab:
 
     def heal(self) -> list[str]:
         """Undo every fault the status shows: power on, links up and at their rates, sshd listening,
-        ports and disks freed. What it undid, as ``machine: fault`` lines (a host key swapped stays swapped)."""
+        ports and disks freed, the lab hub reached again. What it undid, as ``machine: fault`` lines
+        (a host key swapped stays swapped)."""
         undone = []
         for name, machine in self.machines().items():
             faults = machine["faults"]
@@ -123,6 +124,7 @@ class Lab:
             steps += [("link-restore", network) for network in faults["link_rates"]]
             steps += [("port-free", str(port)) for port in faults["ports_taken"]]
             steps += [("disk-free",)] if faults["disk_full"] else []
+            steps += [("hub-restore",)] if faults.get("hub_cut") else []
             for step in steps:
                 self.fault(name, *step)
                 undone.append(f"{name}: {' '.join(step)}")

@@ -22,13 +22,13 @@ from __future__ import annotations
 import json
 import re
 import sys
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from .hub_models import (MODELS, ModelPlan, ModelStore, RepoFile, element_count, lfs_pointer_size, safetensors_size,
                          small_files)
+from .util import LabError
 
 DEFAULT_PORT = 8090
 # A fixed date for every model: the files never change, so neither does their history.
@@ -263,6 +263,18 @@ def _content_type(path: str) -> str:
     if path.endswith((".md", ".gitattributes")):
         return "text/plain; charset=utf-8"
     return "application/octet-stream"
+
+
+def read_token_file(path: str) -> list[str]:
+    """The tokens in a file, one a line (``--token-file``: a token kept off every command line)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise LabError(f"token file {path}: {exc.strerror or exc}") from exc
+    tokens = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    if not tokens:
+        raise LabError(f"token file {path}: holds no token")
+    return tokens
 
 
 def serve(bind: str, port: int, tokens: list[str], log=sys.stderr) -> None:

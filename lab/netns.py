@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from .spec import LabSpec, MachineSpec, NetworkSpec
+from .spec import HubSpec, LabSpec, MachineSpec, NetworkSpec
 from .state import LabState
 from .util import LabError, run
 
@@ -64,7 +64,7 @@ def create_bridge(state: LabState, network: NetworkSpec) -> None:
     ip("link", "set", bridge, "up")
 
 
-def create_netns(state: LabState, machine: MachineSpec) -> None:
+def create_netns(state: LabState, machine: MachineSpec | HubSpec) -> None:
     if netns_exists(machine.netns):
         raise LabError(f"network namespace {machine.netns} already exists: "
                        "is another lab up? run `faden lab down --all` first")
@@ -75,23 +75,27 @@ def create_netns(state: LabState, machine: MachineSpec) -> None:
 def create_machine_link(state: LabState, spec: LabSpec, machine: MachineSpec,
                         network: NetworkSpec) -> None:
     """A veth pair: host end on the network's bridge, machine end in its namespace."""
-    host_end = machine.host_link(network.name)
-    temp_end = machine.temp_link(network.name)
+    create_link(state, machine.netns, machine.host_link(network.name), machine.temp_link(network.name),
+                network, spec.address(machine, network.name), network.rate_mbit)
+
+
+def create_link(state: LabState, namespace: str, host_end: str, temp_end: str, network: NetworkSpec,
+                address: str, rate_mbit: float) -> None:
+    """A veth pair: ``host_end`` on the network's bridge, the other end in ``namespace`` as the
+    network's interface with ``address``; both ends shaped to ``rate_mbit``."""
     if link_exists(host_end) or link_exists(temp_end):
         raise LabError(f"a link named {host_end} already exists on the host: "
                        "run `faden lab down --all` first")
     ip("link", "add", host_end, "type", "veth", "peer", "name", temp_end)
     state.record("links", host_end)
     write_sysctl(f"/proc/sys/net/ipv6/conf/{host_end}/disable_ipv6", "1")
-    ip("link", "set", temp_end, "netns", machine.netns)
-    ns = machine.netns
-    ip("link", "set", temp_end, "name", network.interface, netns=ns)
-    address = spec.address(machine, network.name)
+    ip("link", "set", temp_end, "netns", namespace)
+    ip("link", "set", temp_end, "name", network.interface, netns=namespace)
     ip("addr", "add", f"{address}/{network.subnet.prefixlen}", "dev", network.interface,
-       netns=ns)
+       netns=namespace)
     ip("link", "set", host_end, "master", network.bridge, "up")
-    shape(host_end, network.rate_mbit)
-    shape(network.interface, network.rate_mbit, netns=ns)
+    shape(host_end, rate_mbit)
+    shape(network.interface, rate_mbit, netns=namespace)
 
 
 def shape(device: str, rate_mbit: float, netns: str | None = None) -> None:

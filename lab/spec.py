@@ -5,6 +5,8 @@ them ``management = true``), an optional ``[defaults]`` table merged into
 every machine, and ``[[machines]]`` (name, arch, networks, accelerators,
 optional disk_mib). A machine's address on every network it is on is host
 number 11 + its index in the spec; the host (the console) is .1 on each.
+An optional ``[hub]`` table (rate_mbit, port) shapes the lab hub, a host of
+its own at .250 on the management network (``lab/hub_host.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .hub import DEFAULT_PORT as DEFAULT_HUB_PORT
 from .util import LabError
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
@@ -23,6 +26,9 @@ DEFAULT_SPEC = SPEC_DIR / "default.toml"
 LAB_RANGE = ipaddress.ip_network("198.18.0.0/15")
 FIRST_MACHINE_HOST = 11  # .1 is the host (bridge), machines from .11 on
 HOST_NUMBER = 1
+HUB_HOST = 250  # the lab hub on the management network: far above any machine (.11 + index)
+HUB_NAME = "hub"  # its namespace is fl-hub, so no machine may be called that
+DEFAULT_HUB_RATE_MBIT = 400
 MAX_IFNAME = 15  # Linux interface names: IFNAMSIZ - 1
 
 NETWORK_NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
@@ -37,6 +43,7 @@ MACHINE_KEYS = {
     "driver_version", "cuda_version", "rocm_version",
 }
 ACCELERATOR_KEYS = {"vendor", "model", "count", "memory_mib"}
+HUB_KEYS = {"rate_mbit", "port"}
 
 
 # A machine's container runtime: Podman as on a real machine, or `process` (Ray from the lab's own
@@ -117,9 +124,29 @@ class MachineSpec:
 
 
 @dataclass(frozen=True)
+class HubSpec:
+    """The lab hub's link onto the management network and the port it answers on."""
+
+    rate_mbit: float = DEFAULT_HUB_RATE_MBIT
+    port: int = DEFAULT_HUB_PORT
+
+    @property
+    def netns(self) -> str:
+        return f"fl-{HUB_NAME}"
+
+    def host_link(self, network: str) -> str:
+        """The host-side end of the hub's veth (``flh-mgmt``; machines' are ``fl1-mgmt`` ...)."""
+        return f"flh-{network}"
+
+    def temp_link(self, network: str) -> str:
+        return f"fmh-{network}"
+
+
+@dataclass(frozen=True)
 class LabSpec:
     networks: tuple[NetworkSpec, ...]
     machines: tuple[MachineSpec, ...]
+    hub: HubSpec = field(default_factory=HubSpec)
     source: str = "<spec>"
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -145,6 +172,14 @@ class LabSpec:
 
     def address(self, machine: MachineSpec, network: str) -> str:
         return str(self.network(network).subnet.network_address + machine.host_number)
+
+    @property
+    def hub_address(self) -> str:
+        return str(self.management.subnet.network_address + HUB_HOST)
+
+    @property
+    def hub_url(self) -> str:
+        return f"http://{self.hub_address}:{self.hub.port}"
 
     def machine_json(self, machine: MachineSpec) -> dict:
         """The machine's spec as `status --json` and the stubs see it."""
@@ -194,7 +229,7 @@ def parse_spec(raw: dict, source: str = "<spec>") -> LabSpec:
     def fail(message: str) -> LabError:
         return LabError(f"spec {source}: {message}")
 
-    unknown = set(raw) - {"lab", "networks", "defaults", "machines"}
+    unknown = set(raw) - {"lab", "networks", "defaults", "machines", "hub"}
     if unknown:
         raise fail(f"unknown top-level key(s): {', '.join(sorted(unknown))}")
     networks = tuple(_parse_network(item, fail) for item in _table_list(raw, "networks", fail))
@@ -216,13 +251,36 @@ def parse_spec(raw: dict, source: str = "<spec>") -> LabSpec:
     for machine in machines:
         if machine.name in seen:
             raise fail(f"machine {machine.name} is listed twice")
+        if machine.name == HUB_NAME:
+            raise fail(f"machine name {HUB_NAME!r} is the lab hub's (its namespace is fl-{HUB_NAME}): pick another")
         seen.add(machine.name)
     for network in networks:
         last_host = network.subnet.num_addresses - 2  # below the broadcast address
         if FIRST_MACHINE_HOST + len(machines) - 1 > last_host:
             raise fail(f"network {network.name} ({network.subnet}) is too small "
                        f"for {len(machines)} machines from .{FIRST_MACHINE_HOST}")
-    return LabSpec(networks=networks, machines=machines, source=source, raw=raw)
+    hub = _parse_hub(raw.get("hub", {}), fail)
+    management = next(network for network in networks if network.management)
+    if FIRST_MACHINE_HOST + len(machines) - 1 >= HUB_HOST or HUB_HOST > management.subnet.num_addresses - 2:
+        raise fail(f"the lab hub is host .{HUB_HOST} of the management network {management.name} "
+                   f"({management.subnet}): it needs a /24 or larger and at most "
+                   f"{HUB_HOST - FIRST_MACHINE_HOST} machines")
+    return LabSpec(networks=networks, machines=machines, hub=hub, source=source, raw=raw)
+
+
+def _parse_hub(item, fail) -> HubSpec:
+    if not isinstance(item, dict):
+        raise fail("[hub] must be a table")
+    unknown = set(item) - HUB_KEYS
+    if unknown:
+        raise fail(f"[hub]: unknown key(s): {', '.join(sorted(unknown))}")
+    rate = item.get("rate_mbit", DEFAULT_HUB_RATE_MBIT)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 100_000:
+        raise fail("[hub]: rate_mbit must be a number of Mbit/s (0 < rate <= 100000)")
+    port = item.get("port", DEFAULT_HUB_PORT)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise fail(f"[hub]: port {port!r} is not a TCP port number")
+    return HubSpec(rate_mbit=rate, port=port)
 
 
 def _table_list(raw: dict, key: str, fail) -> list[dict]:

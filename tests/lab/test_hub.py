@@ -18,7 +18,8 @@ from huggingface_hub.errors import (GatedRepoError, RemoteEntryNotFoundError, Re
                                     RevisionNotFoundError)
 
 from lab import cli, hub_models
-from lab.hub import HubServer
+from lab.hub import HubServer, read_token_file
+from lab.util import LabError
 
 TINY = "fadenstack-lab/tiny-chat"
 GATED = "fadenstack-lab/gated-chat"
@@ -208,3 +209,15 @@ def test_faden_lab_hub_serves_on_the_address_it_prints_until_interrupted(tmp_pat
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=10) == 0
+
+
+def test_a_token_file_gives_its_tokens_one_a_line_and_a_missing_or_empty_one_is_refused(tmp_path):
+    path = tmp_path / "token"
+    path.write_text("hf_lab_one\n\n# a comment\n  hf_lab_two  \n")
+    assert read_token_file(str(path)) == ["hf_lab_one", "hf_lab_two"]
+    assert cli.build_parser().parse_args(["hub", "--token-file", str(path)]).token_file == str(path)
+    path.write_text("\n")
+    with pytest.raises(LabError, match="holds no token"):
+        read_token_file(str(path))
+    with pytest.raises(LabError, match="No such file"):
+        read_token_file(str(tmp_path / "missing"))

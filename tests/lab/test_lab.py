@@ -123,6 +123,16 @@ def test_link_names_fit_in_fifteen_characters():
         assert all(len(network.bridge) <= 15 for network in spec.networks)
 
 
+def test_the_lab_hub_is_host_250_of_the_management_network_at_the_default_specs_rate():
+    spec = lab_spec.load_spec()
+    assert (spec.hub_address, spec.hub_url) == ("198.18.0.250", "http://198.18.0.250:8090")
+    assert (spec.hub.rate_mbit, spec.hub.netns, spec.hub.host_link("mgmt")) == (400, "fl-hub", "flh-mgmt")
+    minimal = lab_spec.parse_spec(minimal_spec())  # no [hub] table: the defaults
+    assert (minimal.hub.rate_mbit, minimal.hub.port) == (lab_spec.DEFAULT_HUB_RATE_MBIT, 8090)
+    shaped = lab_spec.parse_spec(minimal_spec(hub={"rate_mbit": 50, "port": 9000}))
+    assert (shaped.hub.rate_mbit, shaped.hub_url) == (50, "http://198.18.0.250:9000")
+
+
 def test_disk_mib_makes_a_tmpfs_disk_and_its_absence_a_directory():
     spec = lab_spec.load_spec()
     assert spec.machine_json(spec.machine("lab-c"))["disk"] == {"kind": "tmpfs", "mib": 1024}
@@ -150,6 +160,13 @@ def test_defaults_table_is_merged_into_every_machine():
                     "accelerators": [{"vendor": "intel", "model": "X", "memory_mib": 1}]}]},
      "vendor"),
     ({"machines": [{"name": "m-one", "networks": ["mgmt"], "disk_mib": 0}]}, "disk_mib"),
+    ({"hub": {"rate_mbit": 0}}, "[hub]: rate_mbit"),
+    ({"hub": {"port": 70000}}, "[hub]: port 70000"),
+    ({"hub": {"address": "198.18.0.2"}}, "[hub]: unknown key(s): address"),
+    ({"hub": 400}, "[hub] must be a table"),
+    ({"machines": [{"name": "hub", "networks": ["mgmt"]}]}, "the lab hub's"),
+    ({"networks": [{"name": "mgmt", "subnet": "198.18.0.0/25", "interface": "eth0", "rate_mbit": 100,
+                    "management": True}], "machines": [{"name": "m-one", "networks": ["mgmt"]}]}, "needs a /24"),
 ])
 def test_spec_rejects_mistakes_with_a_reason(change, complaint):
     with pytest.raises(lab_util.LabError, match=re.escape(complaint)):
@@ -473,6 +490,8 @@ class TestRunningLab:
              "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
              "root@198.18.0.11", "sleep 300"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        hub = lab.status()["hub"]
+        assert hub["running"] and lab_machine.pid_alive(hub["pid"])
         try:
             lab.run("fault", "lab-a", "port-taken", "9000")
             time.sleep(0.5)
@@ -484,10 +503,12 @@ class TestRunningLab:
             if session.poll() is None:
                 session.kill()
         namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert "fl-" not in namespaces
+        assert "fl-" not in namespaces and "fl-hub" not in namespaces
         links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-        assert not re.search(r"^\d+: (flb-|fl\d+-|fm\d+-)", links, re.MULTILINE)
+        assert not re.search(r"^\d+: (flb-|fl\d+-|fm\d+-|flh-|fmh-)", links, re.MULTILINE)
         processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert not lab_machine.pid_alive(hub["pid"])  # the lab hub (a zombie until init reaps it is dead)
+        assert not re.search(r"-m lab hub .*--token-file", processes)
         for trace in (str(lab.state_dir), "/run/fadenstack-lab", "fadenstack-lab-port-taken"):
             assert trace not in processes
         mounts = Path("/proc/self/mountinfo").read_text()
