@@ -4,6 +4,7 @@ from rest_framework.routers import DefaultRouter
 
 from clusters.api import ClusterViewSet
 from console.audit_api import AuditEntryViewSet
+from console.settings_api import HfTokenView
 from machines.api import MachineViewSet
 
 router = DefaultRouter()
@@ -13,6 +14,7 @@ router.register("audit", AuditEntryViewSet, basename="audit")
 
 urlpatterns = [
     path("", include(router.urls)),
+    path("settings/hugging-face-token/", HfTokenView.as_view(), name="settings-hf-token-api"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves the page's script from a URL of its own: the Content-Security-Policy allows no inline script.
     path("schema/swagger/", SpectacularSwaggerSplitView.as_view(url_name="schema", template_name="api/swagger_ui.html"),

@@ -21,6 +21,7 @@ urlpatterns = [
     path("clusters/", include("clusters.urls")),
     path("deployments/", include("deployments.urls")),
     path("audit/", views.audit_list, name="audit"),
+    path("settings/", include("console.settings_urls")),
     path("agent/heartbeat/", agent_heartbeat, name="agent-heartbeat"),
     path("agent/images/<str:digest>/", runtime_image_download, name="agent-image-download"),
     path("api/", include("config.api_urls")),

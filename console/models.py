@@ -1,4 +1,4 @@
-"""The console's own rows: the job every long operation writes, and the audit trail."""
+"""The console's own rows: the job every long operation writes, the audit trail, and the sealed secrets."""
 from django.db import models
 from django.utils import timezone
 
@@ -97,3 +97,17 @@ class Access(models.Model):
         default_permissions = ()
         permissions = [(role.codename, role.description) for role in ROLES]
         verbose_name_plural = "access"
+
+
+class SealedSecret(models.Model):
+    """A secret the console keeps (the Hugging Face token), encrypted with a key kept outside the database.
+
+    Written and read by console/secrets.py only; what a page or the API says of one is whether it is set.
+    """
+
+    name = models.CharField(max_length=100, unique=True, help_text="What the secret is for: huggingface.token")
+    sealed = models.TextField(help_text="The value, encrypted (Fernet) with the key in FADEN_SECRETS_KEY_PATH")
+    changed_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return self.name
