@@ -111,6 +111,63 @@ class FileSpec:
     chunk_hashes: list[str] = field(repr=False)
 
 
+@dataclass(frozen=True)
+class ModelFile:
+    """One file of a model: its path in the repo, its sha256 and size (the blob it is placed from)."""
+
+    path: str
+    digest: str
+    size: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model revision as the agent places it: ``<store>/models/<org>--<name>/<revision>/<path>``."""
+
+    repo: str  # "org/name" on the hub
+    revision: str  # a commit sha (or a branch or tag without "/")
+    files: tuple[ModelFile, ...] = field(repr=False)
+
+    def as_json(self) -> dict:
+        return {"repo": self.repo, "revision": self.revision,
+                "files": [{"path": f.path, "digest": f.digest, "size": f.size} for f in self.files]}
+
+
+@dataclass(frozen=True)
+class PlacedModel:
+    """A model placed on a machine: where its tree is, its bytes and number of files."""
+
+    repo: str
+    revision: str
+    path: str
+    bytes: int
+    files: int
+    bytes_downloaded: int = 0  # what ``model download`` brought from the hub this time (resumed bytes not counted)
+
+
+@dataclass(frozen=True)
+class ModelList:
+    """The models placed on a machine, and the room left in its store."""
+
+    models: tuple[PlacedModel, ...]
+    free_bytes: int
+
+
+@dataclass(frozen=True)
+class HubCheck:
+    """A machine's own GET of the hub's model list answered: its status and how long it took."""
+
+    ok: bool
+    status: int
+    seconds: float
+
+
+def _placed(raw: dict) -> PlacedModel:
+    return PlacedModel(repo=str(raw.get("repo", "")), revision=str(raw.get("revision", "")), path=str(raw.get("path", "")),
+                       bytes=int(raw.get("bytes") or 0), files=int(raw.get("files") or 0),
+                       bytes_downloaded=int(raw.get("bytes_downloaded") or 0))
+
+
 def _driver(driver: str) -> list[str]:
     return ["--driver", driver] if driver else []
 
@@ -194,6 +251,37 @@ class Agent:
 
     def serve_stop(self) -> None:
         self._call("blob", "serve", "stop", timeout=60)
+
+    # -- models: placed from blobs, or downloaded from the hub by the machine itself ---------------
+
+    def model_place(self, spec: ModelSpec, *, timeout: float = 300) -> PlacedModel:
+        """Lay out a model whose files are blobs on the machine (``file_fetch``) as the tree an engine
+        reads; refused (not_retryable) while a file is missing. Placing it again is harmless."""
+        return _placed(self._call("model", "place", stdin=json.dumps(spec.as_json()).encode(), timeout=timeout))
+
+    def model_list(self) -> ModelList:
+        result = self._call("model", "list", timeout=60)
+        return ModelList(models=tuple(_placed(m) for m in result.get("models") or []),
+                         free_bytes=int(result.get("free_bytes") or 0))
+
+    def model_remove(self, *, repo: str, revision: str) -> int:
+        """Remove a placed model and the files no other model on the machine uses; the bytes freed (0 when
+        it was not there)."""
+        return int(self._call("model", "remove", "--repo", repo, "--revision", revision, timeout=300).get("freed") or 0)
+
+    def model_download(self, spec: ModelSpec, *, endpoint: str, token: str = "", timeout: float,
+                       on_progress: Progress | None = None, abort: Abort | None = None) -> PlacedModel:
+        """Have the machine download the model's missing files from the hub at ``endpoint`` (resuming what an
+        earlier try left), then place it. The token goes inside the stdin JSON, never on a command line."""
+        body = {**spec.as_json(), "endpoint": endpoint, **({"token": token} if token else {})}
+        return _placed(self._call("model", "download", stdin=json.dumps(body).encode(), timeout=timeout,
+                                  on_progress=on_progress, abort=abort))
+
+    def hub_check(self, url: str, *, timeout: float = 5) -> HubCheck:
+        """Whether the machine itself reaches the hub at ``url`` (raises unreachable, in words, when not)."""
+        result = self._call("hub", "check", "--url", url, "--timeout", f"{timeout:g}", timeout=timeout + 30)
+        return HubCheck(ok=bool(result.get("ok")), status=int(result.get("status") or 0),
+                        seconds=float(result.get("seconds") or 0.0))
 
     # -- the runtime ----------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@ from ``answers[machine name]``, a dict shaped like the agent's own results
 (``runtime``: what ``runtime status`` returns, ``ray``: what ``ray status``
 returns), or fails with ``error`` (the SSH session) or ``ray_error`` (Ray on
 the head). Every call is recorded as ``(machine name, method, kwargs)``.
+Models placed or downloaded stay on their machine (``FakeAgents.models``) until removed;
+``model_error`` / ``hub_error`` make those commands fail (``(kind, message)``).
 """
 from __future__ import annotations
 
@@ -44,6 +46,49 @@ class FakeAgent:
             kwargs["on_progress"]({"event": "progress", "bytes": spec.size // 2, "rate": 1.0})
         return spec.size
 
+    def _models(self) -> dict:
+        return self._fakes.models.setdefault(self.machine.name, {})
+
+    def _fail(self, key: str) -> None:
+        failure = self._fakes.answers.get(self.machine.name, {}).get(key)
+        if failure:
+            kind, message = failure
+            raise AgentError(message, kind=kind)
+
+    def _place(self, spec, method: str, **kwargs) -> agent_client.PlacedModel:
+        self._answer(method, repo=spec.repo, revision=spec.revision, **kwargs)
+        self._fail("model_error")
+        placed = agent_client.PlacedModel(
+            repo=spec.repo, revision=spec.revision, path=f"/var/lib/fadenstack/models/{spec.repo.replace('/', '--')}/{spec.revision}",
+            bytes=sum(f.size for f in spec.files), files=len(spec.files),
+            bytes_downloaded=sum(f.size for f in spec.files) if method == "model_download" else 0)
+        self._models()[(spec.repo, spec.revision)] = placed
+        return placed
+
+    def model_place(self, spec, **kwargs) -> agent_client.PlacedModel:
+        return self._place(spec, "model_place")
+
+    def model_download(self, spec, *, endpoint: str, token: str = "", timeout: float, on_progress=None, abort=None):
+        """The whole model arrives from the hub; one progress event per file."""
+        for f in spec.files:
+            if on_progress:
+                on_progress({"event": "progress", "digest": f.digest, "file": f.path, "bytes": f.size, "total": f.size, "rate": 1})
+        return self._place(spec, "model_download", endpoint=endpoint, token=token, timeout=timeout)
+
+    def model_list(self) -> agent_client.ModelList:
+        answer = self._answer("model_list")
+        return agent_client.ModelList(models=tuple(self._models().values()), free_bytes=answer.get("free_bytes", 1 << 40))
+
+    def model_remove(self, *, repo: str, revision: str) -> int:
+        self._answer("model_remove", repo=repo, revision=revision)
+        placed = self._models().pop((repo, revision), None)
+        return placed.bytes if placed else 0
+
+    def hub_check(self, url: str, *, timeout: float = 5) -> agent_client.HubCheck:
+        self._answer("hub_check", url=url, timeout=timeout)
+        self._fail("hub_error")
+        return agent_client.HubCheck(ok=True, status=200, seconds=0.05)
+
     def __getattr__(self, method: str):
         # Commands that only act (start, stop, join, ...) succeed and are recorded.
         return lambda *args, **kwargs: self._answer(method, **kwargs) and None
@@ -53,6 +98,7 @@ class FakeAgents:
     def __init__(self, answers: dict[str, dict] | None = None):
         self.answers = answers if answers is not None else {}
         self.calls: list[tuple[str, str, dict]] = []
+        self.models: dict[str, dict] = {}  # machine name -> {(repo, revision): PlacedModel}
         self.on_ray_status = None  # called whenever Ray's node list is asked for (to look at the database then)
 
     @contextmanager
