@@ -114,14 +114,19 @@ def runtime_image_download(request: HttpRequest, digest: str):
     if fd is None:
         return JsonResponse({"error": f"The server does not hold the image {digest[:12]}; "
                                       "run faden runtime-images --check on the server."}, status=404)
-    size = image.size_bytes
+    return file_response(request, fd, size=image.size_bytes, digest=digest, what="the image")
+
+
+def file_response(request: HttpRequest, fd: int, *, size: int, digest: str, what: str) -> HttpResponse:
+    """The bytes of an open, whole, content-addressed file (closed when sent), with ``Range`` and ``HEAD``:
+    the answer machines fetch the first copy of a file from (a runtime image, a model's file)."""
     start, end, status = 0, size - 1, 200
     if "Range" in request.headers:
         wanted = requested_range(request.headers["Range"], size)
         if wanted is None:
             os.close(fd)
             response = JsonResponse({"error": f"Range {shown(request.headers['Range'])} is not one range within "
-                                              f"the image's {size} bytes."}, status=416)
+                                              f"{what}'s {size} bytes."}, status=416)
             response["Content-Range"] = f"bytes */{size}"
             return response
         (start, end), status = wanted, 206

@@ -68,7 +68,7 @@ class ClusterSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Cluster
-        fields = ["id", "name", "state", "state_reason", "network", "head", "runtime_image", "machines_up",
+        fields = ["id", "name", "state", "state_reason", "network", "model_source", "head", "runtime_image", "machines_up",
                   "accelerators", "free_accelerators", "members", "restart_attempt", "next_retry_at",
                   "last_status_at", "created_at"]
 

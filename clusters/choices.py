@@ -130,3 +130,10 @@ CHECK_BADGE = {
     CheckOutcome.UNANSWERED: "grey",
     CheckOutcome.SKIPPED: "grey",
 }
+
+
+class ModelSource(models.TextChoices):
+    """Where a cluster's machines get a model's files (the cluster page's "Where the machines get models")."""
+
+    SERVER = "server", "Server copies"  # the server downloads it; machines copy it from the server, then each other
+    MACHINES = "machines", "Machines download models themselves"  # each machine from the hub, into its own store

@@ -30,7 +30,7 @@ member_leaving = Signal()
 class PageCard:
     name: str
     template: str  # rendered with the cluster's page context plus what ``context`` returns
-    context: Callable[[object], dict]  # (cluster) -> context
+    context: Callable[[object, object], dict]  # (cluster, the viewer's role) -> context
 
 
 _cards: dict[str, PageCard] = {}

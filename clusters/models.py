@@ -2,7 +2,7 @@
 from django.db import models
 from django.urls import reverse
 
-from clusters.choices import (CHECK_BADGE, CLUSTER_BADGE, MEMBER_BADGE, CheckOutcome, CheckTrigger, ClusterState,
+from clusters.choices import (CHECK_BADGE, CLUSTER_BADGE, MEMBER_BADGE, CheckOutcome, CheckTrigger, ClusterState, ModelSource,
                               MemberState, Role)
 
 
@@ -44,6 +44,8 @@ class Cluster(models.Model):
     network = models.CharField(max_length=64, blank=True, help_text="The cluster's network, as a CIDR subnet")
     runtime_version = models.CharField(max_length=16, default="2", help_text="The runtime's major version")
     ray_port = models.PositiveIntegerField(default=6379)
+    model_source = models.CharField(max_length=16, choices=ModelSource.choices, default=ModelSource.SERVER,
+                                    help_text="Where its machines get a model's files: for the next model placed")
     start_attempts = models.PositiveIntegerField(default=0)
     next_retry_at = models.DateTimeField(null=True, blank=True)
     restart_attempt = models.PositiveIntegerField(default=0, help_text="The repair restart under way (1 of 3), 0 when none")

@@ -6,6 +6,7 @@ greyed out with the reason.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from django.template.loader import render_to_string
 
@@ -40,7 +41,32 @@ def cluster_cards(cluster: Cluster, members: list[ClusterMember] | None = None, 
             "accelerators": sum(m.accelerators_in_ray for m in joined),
             "free_accelerators": sum(m.accelerators_in_ray for m in joined),  # nothing is deployed yet
         },
-    } | extra_cards(cluster)
+    } | extra_cards(cluster, role)
+
+
+@dataclass(frozen=True)
+class TransferBar:
+    """One bar of a machine's row: the files on their way to it that make one thing (a model's files
+    travel one by one, and the row shows the model)."""
+
+    what: str
+    source: str
+    bytes_done: int
+    bytes_total: int
+    rate: float
+
+    @property
+    def percent(self) -> int:
+        return int(100 * self.bytes_done / self.bytes_total) if self.bytes_total else 0
+
+
+def transfer_bars(transfers) -> list[TransferBar]:
+    bars: dict[str, list] = {}
+    for t in transfers:
+        bars.setdefault(t.what, []).append(t)
+    return [TransferBar(what=what, source=group[-1].source, bytes_done=sum(t.bytes_done for t in group),
+                        bytes_total=sum(t.bytes_total for t in group), rate=sum(t.rate for t in group if not t.complete))
+            for what, group in bars.items()]
 
 
 def _short_digest(digest: str | None) -> str:
@@ -62,7 +88,7 @@ def _member_view(cluster: Cluster, m: ClusterMember, link: NetworkMeasurement | 
     status = m.last_status or {}
     runtime = status.get("runtime") or {}
     ray_node = status.get("ray_node") or {}
-    transfers = list(m.transfers.all())
+    transfers = transfer_bars(m.transfers.all())
     return {
         "m": m,
         "member_pk": m.pk,
@@ -120,11 +146,11 @@ def runtime_card(cluster: Cluster, members: list[ClusterMember] | None = None) -
     return {"runtime_offer": offer, "runtime_newer": [e for e in offer if e["newer"]]}
 
 
-def extra_cards(cluster: Cluster) -> dict:
-    """The cards other apps registered (deployments' models, say), with their context merged in."""
+def extra_cards(cluster: Cluster, role: roles.Role | None) -> dict:
+    """The cards other apps registered (deployments' models, say), with their context for ``role`` merged in."""
     context: dict = {"extra_cards": []}
     for card in hooks.page_cards():
-        context |= card.context(cluster)
+        context |= card.context(cluster, role)
         context["extra_cards"].append(card.template)
     return context
 

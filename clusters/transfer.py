@@ -48,10 +48,13 @@ def transfers_reset(member_ids: Sequence[int], *, keep: Sequence[str] = ()) -> N
 
 
 def distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], head: ClusterMember, board: ProgressBoard,
-               files_of: Callable[[ClusterMember], Sequence[ServerFile]], *, joining: set[int] | None = None) -> list[ClusterMember]:
+               files_of: Callable[[ClusterMember], Sequence[ServerFile]], *, joining: set[int] | None = None,
+               receiving_state: str | None = MemberState.IMAGE) -> list[ClusterMember]:
     """Give every member the files ``files_of`` names, and return the members that have them.
 
-    With ``joining`` (members joining a running cluster), the others only give: the result holds the joining."""
+    With ``joining`` (members joining a running cluster), the others only give: the result holds the joining.
+    A receiving member moves to ``receiving_state`` (None: it keeps its state, as a running member
+    receiving a model's files does)."""
     wanted = {m.pk: list(files_of(m)) for m in members}
     plans: dict[str, list[planning.Transfer]] = {}
     for digest in {f.spec.digest for files in wanted.values() for f in files}:
@@ -71,7 +74,8 @@ def distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], 
         for file in wanted[member.pk]:
             source = sources.get((member.machine_id, file.spec.digest))
             if source is not None:
-                _fetch(member, file, source, board, console=console, by_machine=by_machine, serving=serving)
+                _fetch(member, file, source, board, console=console, by_machine=by_machine, serving=serving,
+                       state=receiving_state)
 
     receiving = {machine_id for machine_id, _ in sources}
     fetched = parallel([m for m in members if m.machine_id in receiving], head, board, fetch_all, tolerate_all=joining is not None)
@@ -84,7 +88,7 @@ def _serve(member: ClusterMember, board: ProgressBoard) -> None:
 
 
 def _fetch(member: ClusterMember, file: ServerFile, source, board: ProgressBoard, *, console: str,
-           by_machine: dict[int, ClusterMember], serving: set[int]) -> None:
+           by_machine: dict[int, ClusterMember], serving: set[int], state: str | None) -> None:
     """One file to one member, from the server or from the machine before it in the chain."""
     spec = file.spec
     timeout = spec.size / 1_000_000 + 300  # seconds: 1 MB/s at the least, and five minutes to begin
@@ -100,7 +104,8 @@ def _fetch(member: ClusterMember, file: ServerFile, source, board: ProgressBoard
         label, watch = f"{giver.machine.name} ({giver.address})", (member.machine_id, giver.machine_id)
     Transfer.objects.update_or_create(member=member, digest=spec.digest,
                                       defaults={"what": file.what, "source": label, "bytes_total": spec.size})
-    board.move(member, MemberState.IMAGE)
+    if state is not None:
+        board.move(member, state)
 
     def on_progress(event: dict) -> None:
         board.transfer(member, spec.digest, bytes_done=int(event.get("bytes", 0)), rate=float(event.get("rate", 0)))

@@ -2,14 +2,15 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
-from clusters.api import ClusterViewSet
 from console.audit_api import AuditEntryViewSet
 from console.settings_api import HfTokenView
+from deployments.api import ClusterModelSourceViewSet, ModelViewSet
 from machines.api import MachineViewSet
 
 router = DefaultRouter()
 router.register("machines", MachineViewSet, basename="machine")
-router.register("clusters", ClusterViewSet, basename="cluster")
+router.register("clusters", ClusterModelSourceViewSet, basename="cluster")
+router.register("models", ModelViewSet, basename="model")
 router.register("audit", AuditEntryViewSet, basename="audit")
 
 urlpatterns = [

@@ -280,6 +280,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "ClusterStateEnum": "clusters.choices.ClusterState",
         "MemberStateEnum": "clusters.choices.MemberState",
+        "ModelStateEnum": "deployments.choices.ModelState",
+        "ModelSourceEnum": "clusters.choices.ModelSource",
     },
 }
 
@@ -289,8 +291,10 @@ FADEN_SSH_CONNECT_TIMEOUT = env_int("FADEN_SSH_CONNECT_TIMEOUT", 10)
 FADEN_SSH_COMMAND_TIMEOUT = env_int("FADEN_SSH_COMMAND_TIMEOUT", 120)
 
 # At every start, whatever modes were there before: the data directory and all in it (0700, 0600),
-# the SSH key and the SQLite file wherever they are.
-data_dir.private(DATA_DIR, secrets_elsewhere=[FADEN_SSH_KEY_PATH], database=DATABASES["default"])
+# the SSH key, the secrets' key and the SQLite file wherever they are.
+# Secrets the console keeps (the Hugging Face token) are sealed with this key, kept outside the database.
+FADEN_SECRETS_KEY_PATH = Path(os.environ.get("FADEN_SECRETS_KEY_PATH", DATA_DIR / "secrets.key"))
+data_dir.private(DATA_DIR, secrets_elsewhere=[FADEN_SSH_KEY_PATH, FADEN_SECRETS_KEY_PATH], database=DATABASES["default"])
 
 # Heartbeats: how machines reach the console, how often they beat, when they count as offline.
 FADEN_CONSOLE_URL = os.environ.get("FADEN_CONSOLE_URL", "")
@@ -311,3 +315,9 @@ LOGGING = {
 # collectstatic has run (one process, no separate web server to configure).
 WHITENOISE_USE_FINDERS = True
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+
+# Models: the hub the server (and machines that download models themselves) get them from. HF_ENDPOINT is the
+# variable huggingface_hub reads, so a mirror set for it is used here too; the lab points it at its stand-in hub.
+FADEN_HF_ENDPOINT = (os.environ.get("FADEN_HF_ENDPOINT") or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+# The share of a copy's GPU memory kept for the KV cache, on top of the weights (the model page states it).
+FADEN_KV_CACHE_SHARE = float(os.environ.get("FADEN_KV_CACHE_SHARE", "0.2"))

@@ -7,6 +7,7 @@ from django.views.generic import RedirectView
 
 from clusters.agent_views import runtime_image_download
 from console import views
+from deployments.agent_views import model_file_download
 from machines.agent_views import agent_heartbeat
 
 urlpatterns = [
@@ -19,11 +20,13 @@ urlpatterns = [
     path("users/<id:pk>/active/", views.user_active, name="user-active"),
     path("machines/", include("machines.urls")),
     path("clusters/", include("clusters.urls")),
+    path("models/", include("deployments.model_urls")),
     path("deployments/", include("deployments.urls")),
     path("audit/", views.audit_list, name="audit"),
     path("settings/", include("console.settings_urls")),
     path("agent/heartbeat/", agent_heartbeat, name="agent-heartbeat"),
     path("agent/images/<str:digest>/", runtime_image_download, name="agent-image-download"),
+    path("agent/models/<str:digest>/", model_file_download, name="agent-model-download"),
     path("api/", include("config.api_urls")),
     path("admin/", admin.site.urls),
     # Pages without an icon link of their own (the admin's, the API's) make browsers ask for this.

@@ -97,6 +97,15 @@ class IdField(IntegerField):
         super().__init__(min_value=1, max_value=params.ID_MAX, **kwargs)
 
 
+class TextField(serializers.CharField):
+    """A string in a body, and only a string: DRF's own takes the number 0 as "0"."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            raise serializers.ValidationError("Give a string.", code="invalid")
+        return super().to_internal_value(data)
+
+
 def id_list_field(**kwargs) -> serializers.ListField:
     """A list of ids, at most ``params.MAX_IDS`` of them."""
     return serializers.ListField(child=IdField(), max_length=params.MAX_IDS, **kwargs)

@@ -7,9 +7,22 @@ class DeploymentsConfig(AppConfig):
 
     def ready(self) -> None:
         from clusters import hooks
+        from console import live
+        from console.jobs import job_kind_register
+        from deployments import copies, downloads, pages, sources
 
         hooks.delete_blocker_register("deployments", deployments_refusal)
         hooks.page_card_register("deployments", template="deployments/_cluster_models.html", context=cluster_models_card)
+        hooks.page_card_register("model-source", template="deployments/_model_source.html", context=sources.model_source_card)
+        live.register("models", pages.render_models_topic)
+        live.register("model", pages.render_model_topic, takes=live.an_id)
+
+        # A download survives its worker: huggingface_hub's partial files let another one go on.
+        job_kind_register(downloads.KIND, task="deployments.tasks.model_download", resumable=True,
+                          on_failed=downloads.model_download_abandoned)
+        job_kind_register(copies.KIND, task="deployments.tasks.model_copy", resumable=True)
+        job_kind_register(copies.REMOVE_KIND, task="deployments.tasks.model_remove")
+        job_kind_register(sources.KIND, task="deployments.tasks.model_source_check")
 
 
 def deployments_refusal(cluster) -> str | None:
@@ -21,7 +34,11 @@ def deployments_refusal(cluster) -> str | None:
             "delete them first, so that no model is left running on the machines.")
 
 
-def cluster_models_card(cluster) -> dict:
-    """The cluster page's "Models on this cluster" card and its Deployments figure."""
+def cluster_models_card(cluster, role) -> dict:
+    """The cluster page's "Models on this cluster" card and its Deployments figure, with the models its
+    machines hold (copied ahead of a deployment, or for one)."""
+    from deployments.selectors import models_on_cluster
+
     deployments = list(cluster.deployments.all()[:20])
-    return {"deployments": deployments, "deployment_count": cluster.deployments.count() if len(deployments) == 20 else len(deployments)}
+    return {"deployments": deployments, "held_models": models_on_cluster(cluster),
+            "deployment_count": cluster.deployments.count() if len(deployments) == 20 else len(deployments)}

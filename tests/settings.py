@@ -12,6 +12,10 @@ os.environ.setdefault("FADEN_LIVE_PREFIX", f"fadenstack-test-{uuid.uuid4().hex[:
 
 from config.settings import *  # noqa: E402,F403
 
+# No test reaches the real Hugging Face Hub: a download a test starts by accident is refused at once
+# (port 9, discard, on loopback); the tests that download point this at a lab hub of their own.
+FADEN_HF_ENDPOINT = os.environ.get("FADEN_TEST_HF_ENDPOINT", "http://127.0.0.1:9")
+
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
 STORAGES = {"staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
 

@@ -32,3 +32,14 @@ def time_left(transfer) -> str:
 def machines_count(count) -> str:
     """"both machines" for two, "all 5 machines" for more: the networks' sentences of the wizard and the network page."""
     return "both machines" if count == 2 else f"all {count} machines"
+
+
+@register.filter
+def parameters(count) -> str:
+    """A model's parameter count as model cards write it: 1.2 B, 64.1 M, 950 K."""
+    if not count:
+        return "—"
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return str(count)

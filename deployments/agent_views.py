@@ -1,0 +1,32 @@
+"""What the machines' agents fetch from the console for models: the first copy of a model's file."""
+from __future__ import annotations
+
+import os
+
+from django.contrib.auth.decorators import login_not_required
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_http_methods
+
+from clusters.agent_views import file_response
+from deployments import copies, store
+from deployments.models import ModelFile
+
+
+@login_not_required
+@require_http_methods(["GET", "HEAD"])
+def model_file_download(request: HttpRequest, digest: str):
+    """A model's file for a machine, with ``Range``: ``Authorization: Bearer <model file token>``."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    refusal = copies.file_download_refusal(token.strip() if scheme == "Bearer" else "", digest=digest)
+    if refusal:
+        return JsonResponse({"error": refusal}, status=401)
+    row = ModelFile.objects.filter(sha256=digest).first()
+    try:
+        fd = os.open(store.blob_path(digest), os.O_RDONLY) if row else -1
+    except OSError:
+        fd = -1
+    if fd < 0 or os.fstat(fd).st_size != row.size:
+        if fd >= 0:
+            os.close(fd)
+        return JsonResponse({"error": f"The server does not hold the model file {digest[:12]} any more."}, status=404)
+    return file_response(request, fd, size=row.size, digest=digest, what="the file")

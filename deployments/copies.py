@@ -1,0 +1,208 @@
+"""A model's files onto a cluster's machines: the job behind "Copy to <cluster>'s machines", which a
+deployment will use too, and removing files no copy needs.
+
+With the cluster's model source *Server copies*, the files travel like runtime images
+(``clusters/transfer.py``): one copy from the server, then machine to machine while the one before
+still receives, every chunk checked, a dropped link resumed at its last verified chunk. With
+*Machines download models themselves*, each machine downloads from the hub into its own store, the
+server's token handed to its agent on standard input. Either way each machine's agent then places the
+model (its files linked as the repository lays them out) and the server records that it holds it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from django.core import signing
+
+from clusters.choices import ClusterState, MemberState, ModelSource, Role
+from clusters.fanout import ProgressBoard, each, offline_reason, on_member, parallel
+from clusters.models import Cluster, ClusterMember, Transfer
+from clusters.transfer import ServerFile, distribute
+from console.jobs import JobContext, JobError
+from console.huggingface import hf_token
+from deployments import downloads, hub, store
+from deployments.models import ModelHolding, StoredModel
+from machines.agent_client import Agent, AgentError, FileSpec, ModelFile, ModelSpec
+
+KIND = "model.copy"
+ROOM = "Make room on the machines"
+COPY = "Copy the files"
+DOWNLOAD = "Download on each machine"
+PLACE = "Place the model"
+
+TOKEN_SALT = "model-file"
+
+
+def copy_steps(cluster: Cluster) -> tuple[str, ...]:
+    return (ROOM, DOWNLOAD if cluster.model_source == ModelSource.MACHINES else COPY, PLACE)
+
+
+# -- the first copy's download token ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileGrant:
+    digest: str
+    cluster_id: int
+    machine_id: int
+
+
+def file_token(grant: FileGrant, lifetime: float) -> str:
+    return signing.dumps({"digest": grant.digest, "cluster": grant.cluster_id, "machine": grant.machine_id,
+                          "expires": int(time.time() + lifetime)}, salt=TOKEN_SALT, compress=False)
+
+
+def file_download_refusal(token: str, *, digest: str) -> str | None:
+    """Why the holder of ``token`` may not download the model file ``digest``; None when it may."""
+    try:
+        payload = signing.loads(token or "", salt=TOKEN_SALT)
+    except signing.BadSignature:
+        payload = None
+    if not isinstance(payload, dict) or not isinstance(payload.get("expires"), int) or payload["expires"] <= time.time():
+        return "Send a valid model file token as Authorization: Bearer (a token lasts as long as its copy's download)."
+    if payload.get("digest") != digest:
+        return "This token is for another file."
+    if not ClusterMember.objects.filter(cluster_id=payload.get("cluster"), machine_id=payload.get("machine")).exclude(
+            cluster__state=ClusterState.DELETING).exists():
+        return "This token's cluster was deleted, or its machine is no longer in it."
+    return None
+
+
+def server_files(model: StoredModel, member: ClusterMember) -> list[ServerFile]:
+    """The model's files as the transfer layer ships them, each with its first copy's token for ``member``."""
+    result = []
+    for f in model.files.all():
+        grant = FileGrant(digest=f.sha256, cluster_id=member.cluster_id, machine_id=member.machine_id)
+        result.append(ServerFile(spec=FileSpec(digest=f.sha256, size=f.size, chunk_size=f.chunk_size, chunk_hashes=f.chunk_hashes),
+                                 what=str(model), download_path=f"/agent/models/{f.sha256}/",
+                                 token=lambda lifetime, grant=grant: file_token(grant, lifetime)))
+    return result
+
+
+# -- the job -----------------------------------------------------------------------------------------
+
+
+def model_copy_run(ctx: JobContext, *, cluster_id: int, model_id: int) -> None:
+    cluster = Cluster.objects.get(pk=cluster_id)
+    model = StoredModel.objects.get(pk=model_id)
+    members = list(cluster.members.select_related("machine").filter(state=MemberState.JOINED)
+                   if cluster.state == ClusterState.RUNNING else cluster.members.select_related("machine"))
+    if not members:
+        raise JobError(f"{cluster.name} has no machine to copy {model} to.", kind="not_retryable")
+    head = next((m for m in members if m.role == Role.HEAD), members[0])
+    spec = model_spec(model)
+
+    ctx.step(ROOM)
+    freed = [line for line in each(members, lambda m: _make_room(m, model)) if line]
+    ctx.detail("; ".join(freed) if freed else "Every machine has room")
+
+    board = ProgressBoard(cluster)
+    with board:
+        if cluster.model_source == ModelSource.MACHINES:
+            ctx.step(DOWNLOAD, hub.endpoint())
+            done = parallel(members, head, board, lambda m, b: _download(m, model, spec, b), tolerate_all=True)
+        else:
+            ctx.step(COPY)
+            done = distribute(ctx, cluster, members, head, board, lambda m: server_files(model, m),
+                              receiving_state=None)
+    ctx.step(PLACE)
+    failures = each(done, lambda m: _place(m, model, spec))
+    missed = [m.machine.name for m in members if m.pk not in {d.pk for d in done}]
+    if failures or missed:
+        raise JobError("; ".join(failures + [f"{name} did not receive the files ({_member_reason(cluster, name)})"
+                                             for name in missed]))
+    downloads.model_changed(model)
+
+
+def _member_reason(cluster: Cluster, name: str) -> str:
+    member = cluster.members.filter(machine__name=name).first()
+    return (member.state_reason if member else "") or "see its row"
+
+
+def model_spec(model: StoredModel) -> ModelSpec:
+    """The model as machines place it: its commit, and each file by path, sha256 and size."""
+    return ModelSpec(repo=model.repo, revision=model.commit,
+                     files=tuple(ModelFile(path=f.path, digest=f.sha256, size=f.size) for f in model.files.all()))
+
+
+def _download(member: ClusterMember, model: StoredModel, spec: ModelSpec, board: ProgressBoard) -> None:
+    """The machine downloads the model from the hub itself; the token goes to its agent on stdin only."""
+    total = sum(f.size for f in spec.files)
+    key = f"hub:{model.pk}"
+    Transfer.objects.update_or_create(member=member, digest=key,
+                                      defaults={"what": str(model), "source": f"the hub ({hub.endpoint()})", "bytes_total": total})
+
+    done: dict[str, int] = {}  # bytes on the machine of each file (the agent reports one file at a time)
+
+    def on_progress(event: dict) -> None:
+        done[str(event.get("digest", ""))] = int(event.get("bytes", 0))
+        board.transfer(member, key, bytes_done=min(sum(done.values()), total), rate=float(event.get("rate", 0)))
+
+    on_member(member, lambda agent: agent.model_download(
+        spec, endpoint=hub.endpoint(), token=hf_token() or "", timeout=total / 1_000_000 + 600,
+        on_progress=on_progress, abort=offline_reason(member.machine_id)))
+    board.transfer(member, key, bytes_done=total, rate=0)
+
+
+def _place(member: ClusterMember, model: StoredModel, spec: ModelSpec) -> str | None:
+    try:
+        placed = on_member(member, lambda agent: agent.model_place(spec))
+    except JobError as exc:
+        return exc.message
+    ModelHolding.objects.update_or_create(model=model, machine=member.machine,
+                                          defaults={"bytes": placed.bytes, "path": placed.path})
+    return None
+
+
+def _make_room(member: ClusterMember, model: StoredModel) -> str | None:
+    """Before a model arrives: when the machine's store is short of room for it, remove the models there
+    that no copy needs (none has a copy before deployments), the least recently placed first."""
+    need = sum(f.size for f in model.files.all())
+    listed = on_member(member, lambda agent: agent.model_list())
+    if any(m.repo == model.repo and m.revision == model.commit for m in listed.models):
+        return None
+    if listed.free_bytes >= need:
+        return None
+    removed, free = [], listed.free_bytes
+    needed_by_copies = set()  # deployments add what their copies use
+    for held in listed.models:
+        if free >= need:
+            break
+        if (held.repo, held.revision) in needed_by_copies:
+            continue
+        free += on_member(member, lambda agent, h=held: agent.model_remove(repo=h.repo, revision=h.revision))
+        removed.append(held.repo)
+        ModelHolding.objects.filter(machine=member.machine, model__repo=held.repo, model__commit=held.revision).delete()
+    if free < need:
+        raise JobError(f"{member.machine.name} has {store.gb(free)} free in its store; {model} needs {store.gb(need)}. "
+                       "No model there can be removed to make room.", kind="no_room")
+    return f"{member.machine.name}: removed {', '.join(removed)} to make room"
+
+
+# -- removing a model's files from machines ------------------------------------------------------
+
+
+REMOVE_KIND = "model.remove"
+REMOVE = "Remove the files from the machines"
+
+
+def model_remove_run(ctx: JobContext, *, model_id: int, machine_ids: list[int]) -> None:
+    """Remove the model's files from those machines (its other models' files stay)."""
+    model = StoredModel.objects.get(pk=model_id)
+    holdings = list(model.holdings.select_related("machine").filter(machine_id__in=machine_ids))
+    ctx.step(REMOVE, ", ".join(h.machine.name for h in holdings))
+    failures = []
+    for holding in holdings:
+        try:
+            with Agent.open(holding.machine) as agent:
+                freed = agent.model_remove(repo=model.repo, revision=model.commit)
+        except AgentError as exc:
+            failures.append(f"{holding.machine.name}: {exc.message}")
+            continue
+        holding.delete()
+        ctx.log(f"{holding.machine.name}: {store.gb(freed)} freed")
+    downloads.model_changed(model)
+    if failures:
+        raise JobError("; ".join(failures))
+

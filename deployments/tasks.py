@@ -1,0 +1,43 @@
+"""Thin tasks: load by primary key, run the job's body."""
+from celery import shared_task
+
+from clusters.lifecycle import cluster_changed
+
+from console.jobs import job_run
+from console.models import Job
+from deployments import copies, downloads, sources
+
+
+@shared_task(acks_late=True)
+def model_download(job_id: int) -> None:
+    job = Job.objects.get(pk=job_id)
+    job_run(job_id, lambda ctx: downloads.model_download_run(ctx, model_id=job.target_id),
+            on_change=lambda j: downloads.model_changed(j.target_id, part="job"))
+
+
+@shared_task(acks_late=True)
+def model_copy(job_id: int) -> None:
+    """A model's files to a cluster's machines: the cluster's page shows the job and the bars."""
+    job = Job.objects.get(pk=job_id)
+    model_id = job.params["model"]
+
+    def changed(j: Job) -> None:
+        cluster_changed(j.target_id, part="job")
+        downloads.model_changed(model_id, part="job")
+
+    job_run(job_id, lambda ctx: copies.model_copy_run(ctx, cluster_id=job.target_id, model_id=model_id), on_change=changed)
+
+
+@shared_task(acks_late=True)
+def model_remove(job_id: int) -> None:
+    job = Job.objects.get(pk=job_id)
+    job_run(job_id, lambda ctx: copies.model_remove_run(ctx, model_id=job.target_id, machine_ids=job.params["machines"]),
+            on_change=lambda j: downloads.model_changed(j.target_id, part="job"))
+
+
+@shared_task(acks_late=True)
+def model_source_check(job_id: int) -> None:
+    """Every machine of a cluster asked to reach the hub; the whole page follows (the card shows the outcome)."""
+    job = Job.objects.get(pk=job_id)
+    job_run(job_id, lambda ctx: sources.model_source_check_run(ctx, cluster_id=job.target_id, switch=bool(job.params.get("switch"))),
+            on_change=lambda j: cluster_changed(j.target_id))
