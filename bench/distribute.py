@@ -37,7 +37,7 @@ def sh(*argv: str, check: bool = True) -> str:
     return result.stdout
 
 
-def write_spec(path: Path, machines: int, fabric_mbit: int) -> None:
+def write_spec(path: Path, machines: int, fabric_mbit: int, hub_mbit: int | None = None) -> None:
     lines = [
         '[[networks]]\nname = "mgmt"\nsubnet = "198.18.0.0/24"\ninterface = "eth0"\nrate_mbit = 1000\nmanagement = true\n',
         f'[[networks]]\nname = "fabric"\nsubnet = "198.18.1.0/24"\ninterface = "eth1"\nrate_mbit = {fabric_mbit}\n',
@@ -45,6 +45,8 @@ def write_spec(path: Path, machines: int, fabric_mbit: int) -> None:
         'accelerators = [{ vendor = "nvidia", model = "NVIDIA H100 80GB HBM3", count = 8, memory_mib = 81559 }]\n',
     ]
     lines += [f'[[machines]]\nname = "lab-{i:02d}"\n' for i in range(1, machines + 1)]
+    if hub_mbit:
+        lines.append(f"[hub]\nrate_mbit = {hub_mbit}\n")
     path.write_text("\n".join(lines))
 
 

@@ -7,6 +7,9 @@ from console.roles import OPERATOR, Action
 from deployments.choices import ModelState
 from deployments import selectors
 from deployments.models import Deployment, StoredModel
+from machines.versions import agent_outdated
+
+MODELS_AGENT = "0.4.0"  # the first agent with model place|list|remove|download and hub check
 
 ADD = Action("adding a model", OPERATOR)
 RETRY = Action("downloading a model again", OPERATOR)
@@ -39,3 +42,13 @@ def model_delete_refusal(model: StoredModel) -> str | None:
         return (f"{', '.join(held)} still hold{'s' if len(held) == 1 else ''} {model}'s files: remove them from "
                 "the machines first (Remove on each machine below).")
     return None
+
+
+def agents_refusal(cluster) -> str | None:
+    """Why the cluster's machines cannot take models yet (an agent older than MODELS_AGENT); None when they can."""
+    old = [m.machine for m in cluster.members.select_related("machine") if agent_outdated(m.machine.agent_version, MODELS_AGENT)]
+    if not old:
+        return None
+    names = ", ".join(f"{m.name} ({m.agent_version or 'unknown'})" for m in old)
+    return (f"Models need agent {MODELS_AGENT} or newer on every machine; {names} run{'s' if len(old) == 1 else ''} an older "
+            "one: select Update agent on its page first.")

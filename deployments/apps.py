@@ -10,10 +10,12 @@ class DeploymentsConfig(AppConfig):
         from console import live
         from console.jobs import job_kind_register
         from deployments import copies, downloads, pages, sources
+        from machines.cards import machine_card_register
 
         hooks.delete_blocker_register("deployments", deployments_refusal)
         hooks.page_card_register("deployments", template="deployments/_cluster_models.html", context=cluster_models_card)
         hooks.page_card_register("model-source", template="deployments/_model_source.html", context=sources.model_source_card)
+        machine_card_register("models", template="deployments/_machine_models.html", context=machine_models_card)
         live.register("models", pages.render_models_topic)
         live.register("model", pages.render_model_topic, takes=live.an_id)
 
@@ -42,3 +44,8 @@ def cluster_models_card(cluster, role) -> dict:
     deployments = list(cluster.deployments.all()[:20])
     return {"deployments": deployments, "held_models": models_on_cluster(cluster),
             "deployment_count": cluster.deployments.count() if len(deployments) == 20 else len(deployments)}
+
+
+def machine_models_card(machine) -> dict:
+    """A machine page's "Models in its store" card."""
+    return {"machine_models": list(machine.model_holdings.select_related("model"))}

@@ -17,6 +17,7 @@ from django.core import signing
 
 from clusters.choices import ClusterState, MemberState, ModelSource, Role
 from clusters.fanout import ProgressBoard, each, offline_reason, on_member, parallel
+from clusters.lifecycle import cluster_changed
 from clusters.models import Cluster, ClusterMember, Transfer
 from clusters.transfer import ServerFile, distribute
 from console.jobs import JobContext, JobError
@@ -108,11 +109,22 @@ def model_copy_run(ctx: JobContext, *, cluster_id: int, model_id: int) -> None:
                               receiving_state=None)
     ctx.step(PLACE)
     failures = each(done, lambda m: _place(m, model, spec))
+    if cluster.state != ClusterState.RUNNING:  # a stopped cluster's machines serve nothing once the copy is done
+        each(members, _serve_stop)
+    ctx.on_success(lambda: cluster_changed(cluster))
     missed = [m.machine.name for m in members if m.pk not in {d.pk for d in done}]
     if failures or missed:
         raise JobError("; ".join(failures + [f"{name} did not receive the files ({_member_reason(cluster, name)})"
                                              for name in missed]))
     downloads.model_changed(model)
+
+
+def _serve_stop(member: ClusterMember) -> str | None:
+    try:
+        on_member(member, lambda agent: agent.serve_stop())
+    except JobError as exc:
+        return exc.message
+    return None
 
 
 def _member_reason(cluster: Cluster, name: str) -> str:

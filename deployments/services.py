@@ -6,12 +6,11 @@ import shutil
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from console import roles
-from console.choices import JOB_ACTIVE
-from console.jobs import job_start
-from console.models import Job
 from clusters.choices import ClusterState
 from clusters.selectors import cluster_busy
+from console import roles
+from console.jobs import job_start
+from console.models import Job
 from deployments import actions, copies, downloads, hub, selectors, store
 from deployments.choices import ModelState
 from deployments.models import ModelFile, StoredModel
@@ -87,6 +86,8 @@ def model_copy(model: StoredModel, cluster, *, user=None) -> Job:
                                   "machines of a running or stopped cluster.")
         if busy := cluster_busy(cluster):
             raise ValidationError(f"{cluster.name} is busy ({busy.title}): wait for it to end.")
+        if refusal := actions.agents_refusal(cluster):
+            raise ValidationError(refusal)
         return job_start(kind=copies.KIND, title=f"Copy {model} to {cluster.name}'s machines", target_type="cluster",
                          target_id=cluster.pk, steps=copies.copy_steps(cluster), user=user, params={"model": model.pk})
 

@@ -21,7 +21,7 @@ from console.jobs import JobContext, JobError, job_start
 from console.models import Job
 from console.offers import Offer
 from console.roles import OPERATOR, Action
-from deployments import hub
+from deployments import actions, hub
 
 KIND = "model.source-check"
 REACH = "Ask every machine to reach the hub"
@@ -60,6 +60,8 @@ def _check_start(cluster: Cluster, *, switch: bool, user) -> Job:
         raise ValidationError(f"{cluster.name} is busy ({busy.title}): wait for it to end.")
     if not cluster.members.exists():
         raise ValidationError(f"{cluster.name} has no machines to check.")
+    if refusal := actions.agents_refusal(cluster):
+        raise ValidationError(refusal)
     steps = (REACH, SWITCH) if switch else (REACH,)
     title = "Switch to machine downloads" if switch else "Check the machines' reach to the hub"
     return job_start(kind=KIND, title=title, target_type="cluster", target_id=cluster.pk, steps=steps, user=user,

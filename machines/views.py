@@ -18,6 +18,7 @@ from console import params, roles
 from console.models import Job
 from machines import actions, remote, runtimes, services
 from machines.agent import agent_version
+from machines.cards import machine_cards_extra
 from machines.choices import AGENT_PENDING, MachineState, RuntimeChoice
 from machines.forms import ConfirmHostKeyForm, MachineForm, TrustHostKeyForm
 from machines.models import Accelerator, Machine, MachineEvent
@@ -171,7 +172,7 @@ def machine_cards(machine: Machine, *, role: roles.Role | None) -> dict:
         "job": jobs[0] if jobs else None,
         "jobs": jobs,
         "events": list(machine.events.all()[:15]),
-    }
+    } | machine_cards_extra(machine)
 
 
 def machine_detail(request, pk: int):

@@ -208,7 +208,7 @@ def test_faden_lab_hub_serves_on_the_address_it_prints_until_interrupted(tmp_pat
         assert TINY in [model["id"] for model in json.loads(body)]
     finally:
         process.send_signal(signal.SIGINT)
-        assert process.wait(timeout=10) == 0
+        assert process.wait(timeout=30) == 0  # a loaded host answers a signal late
 
 
 def test_a_token_file_gives_its_tokens_one_a_line_and_a_missing_or_empty_one_is_refused(tmp_path):
