@@ -9,8 +9,8 @@ class ModelState(models.TextChoices):
 
 
 MODEL_BADGE = {
-    ModelState.DOWNLOADING: "info",
-    ModelState.READY: "success",
-    ModelState.FAILED: "danger",
+    ModelState.DOWNLOADING: "blue",
+    ModelState.READY: "green",
+    ModelState.FAILED: "red",
 }
 

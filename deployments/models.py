@@ -35,7 +35,7 @@ class StoredModel(models.Model):
 
     @property
     def badge(self) -> str:
-        return MODEL_BADGE.get(self.state, "neutral")
+        return MODEL_BADGE.get(self.state, "grey")
 
     @property
     def percent(self) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -279,6 +280,9 @@ def read_token_file(path: str) -> list[str]:
 
 def serve(bind: str, port: int, tokens: list[str], log=sys.stderr) -> None:
     """``faden lab hub``: serve until interrupted, saying where on stdout."""
+    # Stopped by SIGINT or SIGTERM, even when started with them ignored (a background job of a script).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     server = HubServer(bind, port, tokens, log=log)
     print(f"lab hub: {server.url} (models: {', '.join(MODELS)}; cache {server.store.cache_dir})", flush=True)
     try:

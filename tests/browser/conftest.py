@@ -1,6 +1,7 @@
 """A whole console in processes of its own (tests/processes.py) on the test database, and Chromium."""
 import os
 import shutil
+import threading
 
 import pytest
 
@@ -11,10 +12,23 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PASSWORD = "a-browser-test-password"
 
 
+@pytest.fixture(scope="session")
+def loopback_hub_url():
+    """A lab hub on loopback for the consoles' downloads (the namespaces' lab is not needed for them)."""
+    from lab import hub_models
+    from lab.hub import HubServer
+
+    server = HubServer("127.0.0.1", 0, cache_dir=hub_models.default_cache_dir())
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.url
+    server.shutdown()
+    server.server_close()
+
+
 @pytest.fixture(scope="module")
-def console_options() -> dict:
+def console_options(loopback_hub_url) -> dict:
     """What the console's processes get: a test module overrides this (beat, shortened intervals)."""
-    return {}
+    return {"env": {"FADEN_TEST_HF_ENDPOINT": loopback_hub_url}}
 
 
 @pytest.fixture(scope="module")

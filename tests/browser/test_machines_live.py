@@ -1,4 +1,4 @@
-"""The machine pages in Chromium: they change while you watch, without a reload."""
+"""The machine and model pages in Chromium: they change while you watch, without a reload."""
 import re
 
 import pytest
@@ -100,3 +100,26 @@ def test_ticked_machines_wake_update_agent_and_stay_ticked_when_their_row_change
     expect(page.locator(f"#machine-row-{old.pk} .badge")).to_have_text("Offline")
     expect(page.locator(f"#machine-row-{old.pk} input[name=machines]")).to_be_checked()
     expect(page.locator(f"#machine-row-{old.pk}")).to_have_class(re.compile("is-selected"))
+
+
+def test_a_model_added_on_the_page_downloads_live_and_shows_what_its_files_say(page):
+    page.goto("/models/")
+    expect(page.locator(".empty__title")).to_have_text("No models yet")
+    page.fill("#model-repo", "fadenstack-lab/tiny-chat")
+    page.click("#add-model button[type=submit]")
+
+    expect(page.locator(".page-header__title")).to_contain_text("fadenstack-lab/tiny-chat")
+    wait_until_live(page)
+    mark_page(page)
+    expect(page.locator(".page-header__title .badge")).to_have_text("Ready", timeout=60000)
+    facts = page.locator("#model-facts")
+    expect(facts).to_contain_text("LlamaForCausalLM")
+    expect(facts).to_contain_text("weights + 20 % for the KV cache")
+    expect(page.locator("#model-files")).to_contain_text("model.safetensors")
+    assert_not_reloaded(page)
+
+    page.goto("/models/")
+    expect(page.locator("#model-rows")).to_contain_text("Ready")
+    page.fill("#model-repo", "fadenstack-lab/tiny-chat")
+    page.click("#add-model button[type=submit]")
+    expect(page.locator(".messages, [role=alert]").first).to_contain_text("has fadenstack-lab/tiny-chat already")

@@ -17,6 +17,8 @@ from deployments.choices import ModelState
 from deployments.models import ModelHolding
 from machines.agent_client import Agent
 from machines.models import Machine
+from lab import hub_models
+from lab.hub import HubServer
 from tests.builders import cluster_of
 from tests.harness import enrol, leave_nothing_running, wait_for
 
@@ -59,16 +61,29 @@ def copy_in_background(model, cluster) -> threading.Event:
     return done
 
 
-def test_the_medium_model_reaches_three_machines_with_one_copy_from_the_server_and_a_cut_link_resumes(lab, hub):
+@pytest.fixture
+def loopback_hub(settings):
+    """A lab hub on loopback, for a download whose rate the test does not look at (the lab hub's link
+    is 400 Mbit/s: bench/models.py measures that one)."""
+    server = HubServer("127.0.0.1", 0, cache_dir=hub_models.default_cache_dir())
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings.FADEN_HF_ENDPOINT = server.url
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_medium_model_reaches_three_machines_with_one_copy_from_the_server_and_a_cut_link_resumes(lab, hub, loopback_hub):
     _, enrol_these = hub
     a, b, c = enrol_these("lab-a", "lab-b", "lab-c")
-    model = services.model_add(repo=MEDIUM)  # eager: downloaded from the lab hub when this returns
+    model = services.model_add(repo=MEDIUM)  # eager: downloaded when this returns
     model.refresh_from_db()
     assert model.state == ModelState.READY, model.state_reason
     assert model.facts["architecture"] == "LlamaForCausalLM" and model.facts["weight_bytes"] > 500 * 2**20
     weights = model.files.get(path="model.safetensors")
 
     cluster = cluster_of([a, b, c], state=ClusterState.STOPPED, name="models")
+    lab.fault("lab-a", "link-slow", "mgmt", "1000")  # the first copy at the fabric's pace, not the management's
     done = copy_in_background(model, cluster)
     wait_for(lambda: (t := Transfer.objects.filter(member__machine=c, digest=weights.sha256).first())
              and t.bytes_done > 0.3 * t.bytes_total, timeout=180, what="lab-c to hold a third of the weights", every=0.05)
