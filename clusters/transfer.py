@@ -10,16 +10,17 @@ transfer at its last verified chunk; the server only plans and watches.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from django.db.models import F
 
 from clusters import planning
 from clusters.choices import MemberState
-from clusters.fanout import ProgressBoard, on_member, offline_reason, parallel
+from clusters.fanout import ProgressBoard, in_thread, on_member, offline_reason, parallel
 from clusters.models import Cluster, ClusterMember, Transfer
 from console.jobs import JobContext, JobError
-from machines.agent_client import FileSource, FileSpec
+from machines.agent_client import Agent, FileSource, FileSpec
 
 SERVE_PORT = 7470  # where every machine serves the files it holds, on the cluster's network
 
@@ -61,21 +62,43 @@ def distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], 
         receivers = [planning.Receiver(id=m.machine_id, platform=digest, has_image=files_held(m, wanted[m.pk])[digest])
                      for m in members if any(f.spec.digest == digest for f in wanted[m.pk])]
         plans[digest] = planning.distribution_plan(receivers)
-    # Every machine serves what it holds on the cluster's network, so that the next one can fetch from it.
-    members = parallel(members, head, board, _serve)
+    # Every machine serves what it holds on the cluster's network, so that the next one can fetch from it;
+    # the head says in the same session where the machines reach the console (the first copies' source).
+    found: dict[str, str] = {}
+
+    def serve(member: ClusterMember, board: ProgressBoard) -> None:
+        def call(agent: Agent) -> None:
+            agent.serve_start(bind=member.address, port=SERVE_PORT)
+            if member.pk == head.pk:
+                found["console"] = agent.console_url()
+        on_member(member, call)
+
+    members = parallel(members, head, board, serve)
     serving = {m.machine_id for m in members}
-    console = on_member(head, lambda agent: agent.console_url())
+    console = found["console"]
     count = sum(len(plan) for plan in plans.values())
     ctx.detail(f"{count} transfer(s); one copy from the server per file")
     by_machine = {m.machine_id: m for m in members}
     sources = {(t.machine_id, digest): t.source for digest, plan in plans.items() for t in plan}
 
     def fetch_all(member: ClusterMember, board: ProgressBoard) -> None:
-        for file in wanted[member.pk]:
-            source = sources.get((member.machine_id, file.spec.digest))
-            if source is not None:
-                _fetch(member, file, source, board, console=console, by_machine=by_machine, serving=serving,
-                       state=receiving_state)
+        """The member's files: the first (``files_of`` puts the largest first) over one SSH connection, the
+        others one after the other over a second at the same time, so that a model's small files ride
+        along with its weights instead of after them."""
+        todo = [(file, source) for file in wanted[member.pk]
+                if (source := sources.get((member.machine_id, file.spec.digest))) is not None]
+
+        def fetch(part) -> None:
+            on_member(member, lambda agent: [
+                _fetch(agent, member, file, source, board, console=console, by_machine=by_machine, serving=serving,
+                       state=receiving_state) for file, source in part])
+
+        if len(todo) > 1:
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                for future in [pool.submit(in_thread, fetch, todo[:1]), pool.submit(in_thread, fetch, todo[1:])]:
+                    future.result()
+        elif todo:
+            fetch(todo)
 
     receiving = {machine_id for machine_id, _ in sources}
     fetched = parallel([m for m in members if m.machine_id in receiving], head, board, fetch_all, tolerate_all=joining is not None)
@@ -83,11 +106,7 @@ def distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], 
     return [m for m in result if m.pk in joining] if joining is not None else result
 
 
-def _serve(member: ClusterMember, board: ProgressBoard) -> None:
-    on_member(member, lambda agent: agent.serve_start(bind=member.address, port=SERVE_PORT))
-
-
-def _fetch(member: ClusterMember, file: ServerFile, source, board: ProgressBoard, *, console: str,
+def _fetch(agent: Agent, member: ClusterMember, file: ServerFile, source, board: ProgressBoard, *, console: str,
            by_machine: dict[int, ClusterMember], serving: set[int], state: str | None) -> None:
     """One file to one member, from the server or from the machine before it in the chain."""
     spec = file.spec
@@ -110,7 +129,6 @@ def _fetch(member: ClusterMember, file: ServerFile, source, board: ProgressBoard
     def on_progress(event: dict) -> None:
         board.transfer(member, spec.digest, bytes_done=int(event.get("bytes", 0)), rate=float(event.get("rate", 0)))
 
-    fetched = on_member(member, lambda agent: agent.file_fetch(spec, origin, timeout=timeout,
-                                                                on_progress=on_progress, abort=offline_reason(*watch)))
+    fetched = agent.file_fetch(spec, origin, timeout=timeout, on_progress=on_progress, abort=offline_reason(*watch))
     board.transfer(member, spec.digest, bytes_done=spec.size, rate=0)
     Transfer.objects.filter(member=member, digest=spec.digest).update(bytes_fetched=F("bytes_fetched") + fetched)

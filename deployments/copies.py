@@ -24,7 +24,7 @@ from console.jobs import JobContext, JobError
 from console.huggingface import hf_token
 from deployments import downloads, hub, store
 from deployments.models import ModelHolding, StoredModel
-from machines.agent_client import Agent, AgentError, FileSpec, ModelFile, ModelSpec
+from machines.agent_client import Agent, AgentError, FileSpec, ModelFile, ModelSpec, PlacedModel
 
 KIND = "model.copy"
 ROOM = "Make room on the machines"
@@ -73,7 +73,7 @@ def file_download_refusal(token: str, *, digest: str) -> str | None:
 def server_files(model: StoredModel, member: ClusterMember) -> list[ServerFile]:
     """The model's files as the transfer layer ships them, each with its first copy's token for ``member``."""
     result = []
-    for f in model.files.all():
+    for f in model.files.order_by("-size", "path"):  # the weights first: the long transfer starts at once
         grant = FileGrant(digest=f.sha256, cluster_id=member.cluster_id, machine_id=member.machine_id)
         result.append(ServerFile(spec=FileSpec(digest=f.sha256, size=f.size, chunk_size=f.chunk_size, chunk_hashes=f.chunk_hashes),
                                  what=str(model), download_path=f"/agent/models/{f.sha256}/",
@@ -108,9 +108,11 @@ def model_copy_run(ctx: JobContext, *, cluster_id: int, model_id: int) -> None:
             done = distribute(ctx, cluster, members, head, board, lambda m: server_files(model, m),
                               receiving_state=None)
     ctx.step(PLACE)
-    failures = each(done, lambda m: _place(m, model, spec))
-    if cluster.state != ClusterState.RUNNING:  # a stopped cluster's machines serve nothing once the copy is done
-        each(members, _serve_stop)
+    # A stopped cluster's machines serve nothing once the copy is done (a running one's serve the next joiner).
+    stop_serving = cluster.state != ClusterState.RUNNING
+    failures = each(done, lambda m: _place(m, model, spec, stop_serving=stop_serving))
+    if stop_serving:
+        each([m for m in members if m not in done], _serve_stop)
     ctx.on_success(lambda: cluster_changed(cluster))
     missed = [m.machine.name for m in members if m.pk not in {d.pk for d in done}]
     if failures or missed:
@@ -157,9 +159,15 @@ def _download(member: ClusterMember, model: StoredModel, spec: ModelSpec, board:
     board.transfer(member, key, bytes_done=total, rate=0)
 
 
-def _place(member: ClusterMember, model: StoredModel, spec: ModelSpec) -> str | None:
+def _place(member: ClusterMember, model: StoredModel, spec: ModelSpec, *, stop_serving: bool) -> str | None:
+    def place(agent: Agent) -> PlacedModel:
+        placed = agent.model_place(spec)
+        if stop_serving:
+            agent.serve_stop()
+        return placed
+
     try:
-        placed = on_member(member, lambda agent: agent.model_place(spec))
+        placed = on_member(member, place)
     except JobError as exc:
         return exc.message
     ModelHolding.objects.update_or_create(model=model, machine=member.machine,
