@@ -37,6 +37,40 @@ def sh(*argv: str, check: bool = True) -> str:
     return result.stdout
 
 
+def console_env(port: int) -> tuple[Path, int]:
+    """A console of the bench's own (a fresh data directory and SQLite, eager tasks) set up in this process."""
+    data_dir = Path(tempfile.mkdtemp(prefix="fadenstack-bench-"))
+    os.environ.update(
+        FADEN_DATA_DIR=str(data_dir),
+        DATABASE_URL=f"sqlite:///{data_dir}/bench.sqlite3",
+        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"),
+        FADEN_CONSOLE_URL=f"http://198.18.0.1:{port}",
+        FADEN_CELERY_EAGER="1",
+        DJANGO_SETTINGS_MODULE="config.settings",
+        FADEN_LOG_LEVEL="WARNING",
+    )
+    import django
+
+    django.setup()
+    return data_dir, port
+
+
+def lab_and_console(spec: Path, port: int, server_mbit: int):
+    """The lab up from ``spec`` and Daphne on the bridge's address, the server's link shaped to ``server_mbit``."""
+    from lab import DEFAULT_STATE_DIR
+    from tests.harness import console_lab
+
+    lab = console_lab(os.environ.get("FADEN_LAB_DIR", DEFAULT_STATE_DIR))
+    lab.down()
+    lab.up(spec)
+    web = subprocess.Popen([sys.executable, "-m", "daphne", "-v", "0", "-b", "198.18.0.1", "-p", str(port), "config.asgi:application"],
+                           cwd=ROOT, stderr=subprocess.DEVNULL)
+    # The server's link: everything the console sends to the machines leaves through the bridge.
+    sh("tc", "qdisc", "replace", "dev", "flb-mgmt", "root", "tbf", "rate", f"{server_mbit}mbit",
+       "burst", "256kb", "latency", "100ms")
+    return lab, web
+
+
 def write_spec(path: Path, machines: int, fabric_mbit: int, hub_mbit: int | None = None) -> None:
     lines = [
         '[[networks]]\nname = "mgmt"\nsubnet = "198.18.0.0/24"\ninterface = "eth0"\nrate_mbit = 1000\nmanagement = true\n',
@@ -59,20 +93,7 @@ def main() -> None:
     parser.add_argument("--fabric-mbit", type=int, default=400)
     args = parser.parse_args()
 
-    data_dir = Path(tempfile.mkdtemp(prefix="fadenstack-bench-"))
-    port = 8790
-    os.environ.update(
-        FADEN_DATA_DIR=str(data_dir),
-        DATABASE_URL=f"sqlite:///{data_dir}/bench.sqlite3",
-        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"),
-        FADEN_CONSOLE_URL=f"http://198.18.0.1:{port}",
-        FADEN_CELERY_EAGER="1",
-        DJANGO_SETTINGS_MODULE="config.settings",
-        FADEN_LOG_LEVEL="WARNING",
-    )
-    import django
-
-    django.setup()
+    data_dir, port = console_env(8790)
     from django.core.management import call_command
 
     from clusters import images
@@ -80,23 +101,15 @@ def main() -> None:
     from clusters.models import Cluster, ClusterMember, Transfer
     from clusters.transfer import distribute
     from console.jobs import JobContext, job_create
-    from lab import DEFAULT_STATE_DIR
     from machines import remote
     from machines.agent_client import Agent, FileSource, FileSpec
     from machines.services import machine_target
-    from tests.harness import console_lab, enrol
+    from tests.harness import enrol
 
     call_command("migrate", verbosity=0)
     spec = data_dir / "spec.toml"
     write_spec(spec, args.machines, args.fabric_mbit)
-    lab = console_lab(os.environ.get("FADEN_LAB_DIR", DEFAULT_STATE_DIR))
-    lab.down()
-    lab.up(spec)
-    web = subprocess.Popen([sys.executable, "-m", "daphne", "-v", "0", "-b", "198.18.0.1", "-p", str(port), "config.asgi:application"],
-                           cwd=ROOT, stderr=subprocess.DEVNULL)
-    # The server's link: everything the console sends to the machines leaves through the bridge.
-    sh("tc", "qdisc", "replace", "dev", "flb-mgmt", "root", "tbf", "rate", f"{args.server_mbit}mbit",
-       "burst", "256kb", "latency", "100ms")
+    lab, web = lab_and_console(spec, port, args.server_mbit)
     try:
         machines = enrol(lab, *sorted(lab.machines()))
         image_path = lab.images(args.size_mib, data_dir / "images")[0]

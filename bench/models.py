@@ -17,14 +17,11 @@ machines and times, through the console's own services:
   and the server sends one copy.
 """
 import argparse
-import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from distribute import sh, starting_window, write_spec
+from distribute import console_env, lab_and_console, sh, starting_window, write_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -40,20 +37,7 @@ def main() -> None:
     parser.add_argument("--fabric-mbit", type=int, default=400)
     args = parser.parse_args()
 
-    data_dir = Path(tempfile.mkdtemp(prefix="fadenstack-bench-"))
-    port = 8791
-    os.environ.update(
-        FADEN_DATA_DIR=str(data_dir),
-        DATABASE_URL=f"sqlite:///{data_dir}/bench.sqlite3",
-        REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"),
-        FADEN_CONSOLE_URL=f"http://198.18.0.1:{port}",
-        FADEN_CELERY_EAGER="1",
-        DJANGO_SETTINGS_MODULE="config.settings",
-        FADEN_LOG_LEVEL="WARNING",
-    )
-    import django
-
-    django.setup()
+    data_dir, port = console_env(8791)
     from django.conf import settings
     from django.core.management import call_command
 
@@ -61,20 +45,13 @@ def main() -> None:
     from clusters.models import Cluster, ClusterMember, Transfer
     from console.models import Job
     from deployments import services
-    from lab import DEFAULT_STATE_DIR
-    from tests.harness import console_lab, enrol
+    from tests.harness import enrol
 
     call_command("migrate", verbosity=0)
     spec = data_dir / "spec.toml"
     write_spec(spec, args.machines, args.fabric_mbit, hub_mbit=args.hub_mbit)
-    lab = console_lab(os.environ.get("FADEN_LAB_DIR", DEFAULT_STATE_DIR))
-    lab.down()
-    lab.up(spec)
+    lab, web = lab_and_console(spec, port, args.server_mbit)
     settings.FADEN_HF_ENDPOINT = lab.status()["hub"]["url"]
-    web = subprocess.Popen([sys.executable, "-m", "daphne", "-v", "0", "-b", "198.18.0.1", "-p", str(port), "config.asgi:application"],
-                           cwd=ROOT, stderr=subprocess.DEVNULL)
-    sh("tc", "qdisc", "replace", "dev", "flb-mgmt", "root", "tbf", "rate", f"{args.server_mbit}mbit",
-       "burst", "256kb", "latency", "100ms")
     try:
         machines = enrol(lab, *sorted(lab.machines()))
         started = time.monotonic()
