@@ -8,7 +8,6 @@ out as ``HubError`` with a sentence of ours, never the library's text with a hea
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from dataclasses import dataclass
@@ -128,16 +127,6 @@ def download(listing: HubListing, file: HubFile, *, into: Path, token: str | Non
         raise _hub_error(exc, repo=listing.repo, revision=listing.revision, token=token, path=file.path) from None
     part.replace(target)
     return target
-
-
-def git_blob_id(path: Path) -> str:
-    """The git blob id (sha1 of ``blob <size>\\0`` and the bytes) the hub gives for a file kept in git."""
-    digest = hashlib.sha1(usedforsecurity=False)
-    digest.update(b"blob %d\0" % path.stat().st_size)
-    with path.open("rb") as handle:
-        while piece := handle.read(1 << 20):
-            digest.update(piece)
-    return digest.hexdigest()
 
 
 def _hub_error(exc: Exception, *, repo: str, revision: str, token: str | None, path: str = "") -> HubError:
