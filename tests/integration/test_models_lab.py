@@ -1,6 +1,7 @@
-"""Models on the lab: the server downloads from the lab hub, the files travel to a cluster's machines
-(one copy from the server, then machine to machine, a cut link resumed), and a cluster whose machines
-download models themselves (every machine's reach checked first; the token on no command line)."""
+"""Models on the lab: the server downloads from the lab hub (a gated model only with the token), the
+files travel to a cluster's machines (one copy from the server, then machine to machine, a cut link
+resumed), and a cluster whose machines download models themselves (every machine's reach checked
+first; the token on no command line)."""
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ from tests.harness import enrol, leave_nothing_running, wait_for
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
 MEDIUM = "fadenstack-lab/medium-chat"
+TINY = "fadenstack-lab/tiny-chat"
 GATED = "fadenstack-lab/gated-chat"
 
 
@@ -124,6 +126,14 @@ def test_machine_downloads_need_every_machine_to_reach_the_hub_and_the_token_sho
     assert job.state == "succeeded", job.error
     cluster.refresh_from_db()
     assert cluster.model_source == ModelSource.MACHINES
+
+    small = services.model_add(repo=TINY)  # the server's own download from the lab hub, over its link
+    small.refresh_from_db()
+    assert small.state == ModelState.READY and small.bytes_done == small.bytes_total > 60 * 2**20, small.state_reason
+    gated = services.model_add(repo=GATED)  # no token yet: refused in words, nothing kept
+    gated.refresh_from_db()
+    assert gated.state == ModelState.FAILED and "is a gated model: the hub asks for a token" in gated.state_reason
+    services.model_delete(gated)
 
     token = Path(status["token_file"]).read_text().strip()
     hf_token_set(token=token, by=None)
