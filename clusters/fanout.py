@@ -89,12 +89,14 @@ def on_member(member: ClusterMember, call: Callable[[Agent], object]):
 
 
 def parallel(members: Sequence[ClusterMember], head: ClusterMember, board: ProgressBoard,
-             work: Callable[[ClusterMember, ProgressBoard], None], *, tolerate_all: bool = False) -> list[ClusterMember]:
+             work: Callable[[ClusterMember, ProgressBoard], None], *, tolerate_all: bool = False,
+             fail_state: str | None = MemberState.FAILED, failed: dict[int, str] | None = None) -> list[ClusterMember]:
     """Run ``work(member, board)`` on every member at once; the members that are still in afterwards.
 
     A worker that is unreachable drops out (it says why); any other failure, or the head failing,
     fails the operation. With ``tolerate_all`` (machines joining a running cluster, a repair) any
-    worker's failure only takes that worker out."""
+    worker's failure only takes that worker out. A member that fails moves to ``fail_state`` (None: it
+    keeps its state, as when a model's files did not reach it), and ``failed`` gets why, by member id."""
     failures: list[tuple[ClusterMember, JobError]] = []
 
     def one(member: ClusterMember) -> None:
@@ -102,7 +104,10 @@ def parallel(members: Sequence[ClusterMember], head: ClusterMember, board: Progr
             work(member, board)
         except JobError as exc:
             failures.append((member, exc))
-            board.move(member, MemberState.FAILED, exc.message)
+            if failed is not None:
+                failed[member.pk] = exc.message
+            if fail_state is not None:
+                board.move(member, fail_state, exc.message)
 
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(members)))) as pool:
         list(pool.map(lambda m: in_thread(one, m), members))

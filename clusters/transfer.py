@@ -50,12 +50,12 @@ def transfers_reset(member_ids: Sequence[int], *, keep: Sequence[str] = ()) -> N
 
 def distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], head: ClusterMember, board: ProgressBoard,
                files_of: Callable[[ClusterMember], Sequence[ServerFile]], *, joining: set[int] | None = None,
-               receiving_state: str | None = MemberState.IMAGE) -> list[ClusterMember]:
+               receiving_state: str | None = MemberState.IMAGE, failed: dict[int, str] | None = None) -> list[ClusterMember]:
     """Give every member the files ``files_of`` names, and return the members that have them.
 
     With ``joining`` (members joining a running cluster), the others only give: the result holds the joining.
     A receiving member moves to ``receiving_state`` (None: it keeps its state, as a running member
-    receiving a model's files does)."""
+    receiving a model's files does, and keeps it when its files do not arrive: ``failed`` says why)."""
     wanted = {m.pk: list(files_of(m)) for m in members}
     plans: dict[str, list[planning.Transfer]] = {}
     for digest in {f.spec.digest for files in wanted.values() for f in files}:
@@ -73,7 +73,8 @@ def distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], 
                 found["console"] = agent.console_url()
         on_member(member, call)
 
-    members = parallel(members, head, board, serve)
+    fail_state = MemberState.FAILED if receiving_state is not None else None
+    members = parallel(members, head, board, serve, fail_state=fail_state, failed=failed)
     serving = {m.machine_id for m in members}
     console = found["console"]
     count = sum(len(plan) for plan in plans.values())
@@ -101,7 +102,8 @@ def distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], 
             fetch(todo)
 
     receiving = {machine_id for machine_id, _ in sources}
-    fetched = parallel([m for m in members if m.machine_id in receiving], head, board, fetch_all, tolerate_all=joining is not None)
+    fetched = parallel([m for m in members if m.machine_id in receiving], head, board, fetch_all, tolerate_all=joining is not None,
+                       fail_state=fail_state, failed=failed)
     result = fetched + [m for m in members if m.machine_id not in receiving]
     return [m for m in result if m.pk in joining] if joining is not None else result
 

@@ -99,14 +99,16 @@ def model_copy_run(ctx: JobContext, *, cluster_id: int, model_id: int) -> None:
     ctx.detail("; ".join(freed) if freed else "Every machine has room")
 
     board = ProgressBoard(cluster)
+    failed: dict[int, str] = {}  # why a machine did not get the files; its state in the cluster stays as it is
     with board:
         if cluster.model_source == ModelSource.MACHINES:
             ctx.step(DOWNLOAD, hub.endpoint())
-            done = parallel(members, head, board, lambda m, b: _download(m, model, spec, b), tolerate_all=True)
+            done = parallel(members, head, board, lambda m, b: _download(m, model, spec, b), tolerate_all=True,
+                            fail_state=None, failed=failed)
         else:
             ctx.step(COPY)
             done = distribute(ctx, cluster, members, head, board, lambda m: server_files(model, m),
-                              receiving_state=None)
+                              receiving_state=None, failed=failed)
     ctx.step(PLACE)
     # A stopped cluster's machines serve nothing once the copy is done (a running one's serve the next joiner).
     stop_serving = cluster.state != ClusterState.RUNNING
@@ -114,10 +116,10 @@ def model_copy_run(ctx: JobContext, *, cluster_id: int, model_id: int) -> None:
     if stop_serving:
         each([m for m in members if m not in done], _serve_stop)
     ctx.on_success(lambda: cluster_changed(cluster))
-    missed = [m.machine.name for m in members if m.pk not in {d.pk for d in done}]
+    missed = [m for m in members if m.pk not in {d.pk for d in done}]
     if failures or missed:
-        raise JobError("; ".join(failures + [f"{name} did not receive the files ({_member_reason(cluster, name)})"
-                                             for name in missed]))
+        raise JobError("; ".join(failures + [failed.get(m.pk) or f"{m.machine.name} did not receive the files"
+                                             for m in missed]))
     downloads.model_changed(model)
 
 
@@ -127,11 +129,6 @@ def _serve_stop(member: ClusterMember) -> str | None:
     except JobError as exc:
         return exc.message
     return None
-
-
-def _member_reason(cluster: Cluster, name: str) -> str:
-    member = cluster.members.filter(machine__name=name).first()
-    return (member.state_reason if member else "") or "see its row"
 
 
 def model_spec(model: StoredModel) -> ModelSpec:

@@ -3,17 +3,17 @@ machine downloads with the token, and the first copy's download from the server.
 import pytest
 from django.core.exceptions import ValidationError
 
-from clusters.choices import ClusterState, ModelSource
+from clusters.choices import ClusterState, MemberState, ModelSource
 from clusters.models import Transfer
 from console import roles
 from console.models import Job
 from deployments import copies, services, store
 from deployments.choices import ModelState
 from deployments.models import ModelFile, ModelHolding, StoredModel
-from machines.agent_client import PlacedModel
+from machines.agent_client import AgentError, AgentErrorKind, PlacedModel
 from tests.builders import cluster_of, gpu_machine
 from tests.factories import UserFactory
-from tests.fakes import FakeAgents
+from tests.fakes import FakeAgent, FakeAgents
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the bars are written from the board's own thread
 
@@ -120,3 +120,20 @@ def test_the_first_copy_is_served_only_with_a_token_for_that_file_cluster_and_ma
     assert ranged.status_code == 206 and b"".join(ranged.streaming_content) == b"x" * 100
     member.delete()
     assert "no longer in it" in client.get(url, HTTP_AUTHORIZATION=f"Bearer {token}").json()["error"]
+
+
+def test_a_machine_the_files_do_not_reach_is_named_and_keeps_its_place_in_the_cluster(model, monkeypatch):
+    cluster = cluster_of([gpu_machine("lab-a", 11), gpu_machine("lab-b", 12)])  # running: Ray is not touched
+    FakeAgents().install(monkeypatch)
+    whole = FakeAgent.file_fetch
+
+    def fetch(agent, spec, source, **kwargs):
+        if agent.machine.name == "lab-b":
+            raise AgentError("the source stopped answering", kind=AgentErrorKind.UNREACHABLE)
+        return whole(agent, spec, source, **kwargs)
+
+    monkeypatch.setattr(FakeAgent, "file_fetch", fetch)
+    job = copy(model, cluster)
+    assert job.state == "failed" and "lab-b: the source stopped answering" in job.error
+    assert set(cluster.members.values_list("state", flat=True)) == {MemberState.JOINED}
+    assert list(ModelHolding.objects.values_list("machine__name", flat=True)) == ["lab-a"]
