@@ -89,13 +89,13 @@ def requested_range(header: str, size: int) -> tuple[int, int] | None:
     return (start, end) if start < size and start <= end else None
 
 
-def _open_whole(image: RuntimeImage) -> int | None:
-    """The image's file, opened (so that a later replace cannot change what we send), or None unless whole."""
+def open_whole(path, size: int) -> int | None:
+    """A file opened (so that a later replace cannot change what we send), or None unless it is whole."""
     try:
-        fd = os.open(image.path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
-    if os.fstat(fd).st_size != image.size_bytes:
+    if os.fstat(fd).st_size != size:
         os.close(fd)
         return None
     return fd
@@ -110,7 +110,7 @@ def runtime_image_download(request: HttpRequest, digest: str):
     if refusal:
         return JsonResponse({"error": refusal}, status=401)
     image = RuntimeImage.objects.filter(digest=digest).first()
-    fd = _open_whole(image) if image else None
+    fd = open_whole(image.path, image.size_bytes) if image else None
     if fd is None:
         return JsonResponse({"error": f"The server does not hold the image {digest[:12]}; "
                                       "run faden runtime-images --check on the server."}, status=404)

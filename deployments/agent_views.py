@@ -1,13 +1,11 @@
 """What the machines' agents fetch from the console for models: the first copy of a model's file."""
 from __future__ import annotations
 
-import os
-
 from django.contrib.auth.decorators import login_not_required
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_http_methods
 
-from clusters.agent_views import file_response
+from clusters.agent_views import file_response, open_whole
 from deployments import copies, store
 from deployments.models import ModelFile
 
@@ -21,12 +19,7 @@ def model_file_download(request: HttpRequest, digest: str):
     if refusal:
         return JsonResponse({"error": refusal}, status=401)
     row = ModelFile.objects.filter(sha256=digest).first()
-    try:
-        fd = os.open(store.blob_path(digest), os.O_RDONLY) if row else -1
-    except OSError:
-        fd = -1
-    if fd < 0 or os.fstat(fd).st_size != row.size:
-        if fd >= 0:
-            os.close(fd)
+    fd = open_whole(store.blob_path(digest), row.size) if row else None
+    if fd is None:
         return JsonResponse({"error": f"The server does not hold the model file {digest[:12]} any more."}, status=404)
     return file_response(request, fd, size=row.size, digest=digest, what="the file")

@@ -40,15 +40,16 @@ def copy_targets() -> list[Cluster]:
     return list(Cluster.objects.filter(state__in=(ClusterState.RUNNING, ClusterState.STOPPED)).order_by("name"))
 
 
+def _jobs_of(model: StoredModel):
+    """The model's jobs: its download, removals, and the copies of it to clusters (jobs on the cluster)."""
+    return (Job.objects.filter(target_type="model", target_id=model.pk)
+            | Job.objects.filter(kind="model.copy", params__model=model.pk)).defer("log")
+
+
 def model_jobs(model: StoredModel, limit: int = 5) -> list[Job]:
-    """The model's latest jobs: its download, removals, and the copies of it to clusters."""
-    own = Job.objects.filter(target_type="model", target_id=model.pk)
-    copies = Job.objects.filter(kind="model.copy", params__model=model.pk)
-    return list((own | copies).defer("log").order_by("-created_at")[:limit])
+    return list(_jobs_of(model).order_by("-created_at")[:limit])
 
 
 def model_active_job(model: StoredModel) -> Job | None:
-    """The job running on the model now: its download, a removal, or a copy of it to a cluster."""
-    own = Job.objects.filter(target_type="model", target_id=model.pk)
-    copies = Job.objects.filter(kind="model.copy", params__model=model.pk)
-    return (own | copies).filter(state__in=JOB_ACTIVE).defer("log").first()
+    """The job running on the model now, if any."""
+    return _jobs_of(model).filter(state__in=JOB_ACTIVE).first()
