@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -95,8 +96,26 @@ def up(state: LabState, spec_path: str | None, key_argument: str | None) -> str:
             f"state {state.root}")
 
 
+def _owner_gone(root: str | Path) -> int | None:
+    """The process id of the run that put up the lab in ``root`` when that run is gone (a test session
+    or bench killed before its teardown), else None: a lab put up by hand has no owner and stays."""
+    try:
+        owner = int(json.loads(Path(root, "state.json").read_text()).get("owner_pid") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return owner if owner > 0 and not Path(f"/proc/{owner}").exists() else None
+
+
 def _refuse_other_lab(state: LabState) -> None:
     other = _other_lab(state)
+    owner = _owner_gone(other) if other else None
+    if owner:
+        # Its run was killed before it could take its lab down: nobody can use that lab any more.
+        with LabState(Path(other)).locked() as left:
+            if left.data:
+                teardown(left)
+        print(f"took down the lab {other} left up by a run that is gone (pid {owner})", file=sys.stderr)
+        other = _other_lab(state)
     if other:
         raise LabError(f"another lab is up (state dir {other}): run "
                            f"`FADEN_LAB_DIR={other} faden lab down` or `faden lab down --all` first")
@@ -115,6 +134,9 @@ def _build(state: LabState, spec: LabSpec, key: str | None, digest: str) -> None
         "digest": digest,
         "authorized_key": key,
         "started": time.time(),
+        # The run this lab belongs to (a test session, a bench): once it is gone, the next `up` may
+        # take the lab down. Unset for a lab put up by hand.
+        "owner_pid": int(os.environ.get("FADEN_LAB_OWNER_PID") or 0) or None,
         "created": {},
         "host": {
             "netns_dir_existed": netns.NETNS_DIR.exists(),
@@ -380,6 +402,7 @@ def set_runtime(state: LabState, names: list[str], runtime: str) -> str:
         unknown = [name for name in names if name not in known]
         if unknown:
             raise LabError(f"no machine {', '.join(unknown)} in this lab (it has {', '.join(known) or 'none'})")
+        spec = loaded_spec(state)
         for name in names:
-            machines.write_agent_config(state, name, runtime)
+            machines.write_agent_config(state, name, runtime, spec)
     return f"{', '.join(names)}: runtime {runtime}"

@@ -56,7 +56,9 @@ class Lab:
     def __init__(self, state_dir: str | Path | None = None, *, key: str | Path | None = None):
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="fadenstack-lab-"))
         self.key = Path(key) if key else None  # the private key; its .pub is what `up` authorises
-        self.env = {**os.environ, "FADEN_LAB_DIR": str(self.state_dir), "FADEN_LAB_AUTHORIZED_KEY": ""}
+        # The lab belongs to this process: if it dies before taking the lab down, the next `up` may.
+        self.env = {**os.environ, "FADEN_LAB_DIR": str(self.state_dir), "FADEN_LAB_AUTHORIZED_KEY": "",
+                    "FADEN_LAB_OWNER_PID": str(os.getpid())}
         self.up_seconds: float | None = None  # how long the last `up` that built the lab took
 
     # -- the command line -------------------------------------------------------------------------

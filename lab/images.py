@@ -1,9 +1,10 @@
 """The lab's runtime images: real container images, docker-archive files that ``docker load`` and
 ``podman load`` read and the console imports.
 
-A build is two layers: a minimal Debian root file system made from Debian's packages by
-``mmdebstrap`` (with Python), and Ray from PyPI (installed for that Python by pip, for the image's
-platform, without running anything inside it). Each layer is cached by its inputs under the cache
+A build is three layers: a minimal Debian root file system made from Debian's packages by
+``mmdebstrap`` (with Python), Ray from PyPI (installed for that Python by pip, for the image's
+platform, without running anything inside it), and the lab's inference engine (``lab/stubs/vllm``,
+the stand-in for vLLM, at ``/usr/local/bin/vllm``). Each layer is cached by its inputs under the cache
 directory (``FADEN_LAB_CACHE``, default ``~/.cache/fadenstack-lab``), so a second build takes
 seconds. What the console needs to know of a build lives in the image's labels (``LABELS``).
 
@@ -33,13 +34,15 @@ from . import archive
 from .util import LabError
 
 MIB = 1024 * 1024
-VERSION = "2.1.0"
+VERSION = "2.2.0"  # 2.2: the engine (vllm) in the image
 RECIPE = 1  # raise when the steps below change what a layer holds
 DEBIAN_SUITE = "bookworm"
 DEBIAN_PACKAGES = ("python3", "ca-certificates", "procps", "iproute2")
 PYTHON = ("3.11", "cp311")  # bookworm's python3
 PIP_PLATFORM = {"x86_64": "manylinux2014_x86_64", "aarch64": "manylinux2014_aarch64"}
 RAY_DIR = "/opt/fadenstack/ray"
+ENGINE = Path(__file__).resolve().parent / "stubs" / "vllm"
+ENGINE_IN_IMAGE = "usr/local/bin/vllm"
 LABEL = "org.fadenstack.runtime."
 RAY_WRAPPER = b"""#!/usr/bin/python3
 # Ray's command line, for the Ray installed in %s.
@@ -145,6 +148,14 @@ def ray_layer(arch: str, version: str) -> archive.Layer:
     return _cached_layer(f"ray-{arch}", _key(arch, version, PYTHON, PIP_PLATFORM[arch]), make)
 
 
+def engine_layer() -> archive.Layer:
+    """The lab's engine at /usr/local/bin/vllm: the same file the `process` driver runs on the lab
+    host (only the engine stands in for vLLM; the console's path to it is a real machine's)."""
+    data = ENGINE.read_bytes()
+    return _cached_layer("engine", _key(hashlib.sha256(data).hexdigest()),
+                         lambda path: archive.layer_from_files({ENGINE_IN_IMAGE: data}, path, mode=0o755))
+
+
 def synthetic_layer(out_dir: Path, size_mib: int) -> archive.Layer:
     """One file of random bytes (bytes that neither compress nor repeat, for transfers and resumes),
     kept beside the images it went into."""
@@ -179,7 +190,7 @@ def images_make(out_dir: Path, synthetic_mib: int | None = None) -> list[tuple[P
     made = []
     for build in BUILDS:
         if synthetic_mib is None:
-            layers = [debian_layer(), ray_layer(platform.machine(), ray)]  # this host's binaries (module doc)
+            layers = [debian_layer(), ray_layer(platform.machine(), ray), engine_layer()]  # this host's binaries
         else:
             layers = [synthetic_layer(out_dir, synthetic_mib)]
         path = out_dir / build.file_name

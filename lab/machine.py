@@ -11,7 +11,8 @@ machine sees of the lab comes from there:
                                      `up`, with Podman's configuration (containers.conf,
                                      storage.conf); what is written there stays there
     etc/     -> /etc/fadenstack       agent.json (``agent_config``): Podman, or the `process`
-                                     driver running Ray from the lab's own environment
+                                     driver running Ray from the lab's own environment; the
+                                     engine's pace for every copy (``engine_env``)
     labetc/  -> /etc/fadenstack-lab   machine.json (the spec) and arch, for the stubs
     containers/ -> /var/lib/containers  Podman's storage: this machine's images and containers
     tmp/     -> /tmp
@@ -77,23 +78,29 @@ runroot = "/run/containers/storage"
 """
 
 
-def agent_config(machine: str, runtime: str) -> dict:
+def agent_config(machine: str, runtime: str, spec: LabSpec) -> dict:
     """The machine's /etc/fadenstack/agent.json. With Podman the agent uses the engine the console
     names (`--driver`), as on a real machine; with `process` the config names the driver, Ray from
-    the environment the lab runs from (`.venv/bin/faden lab up`), which the machines see at the same path."""
+    the environment the lab runs from (`.venv/bin/faden lab up`), which the machines see at the same path,
+    and the lab's engine (the stub `vllm`, which the runtime image carries as /usr/local/bin/vllm).
+    ``engine_env`` reaches every copy's engine: the spec's `[engine]` pace."""
     config = {"machine_name": machine,
               "podman": {"gpus": "none"},  # the lab's nvidia-smi is a stand-in: no GPU to hand over
               "process": {"ray": os.path.join(sys.prefix, "bin", "ray"),
-                          "python": os.path.join(sys.prefix, "bin", "python")}}
+                          "python": os.path.join(sys.prefix, "bin", "python"),
+                          "vllm": str(STUB_DIR / "vllm")},
+              "engine_env": spec.engine.environment()}
     if runtime == "process":
         config["runtime_driver"] = "process"
+        # A copy spanning machines drives its Ray from Python; the image's python3 has Ray, this host's may not.
+        config["engine_env"]["FADEN_LAB_RAY_PYTHON"] = config["process"]["python"]
     return config
 
 
-def write_agent_config(state: LabState, machine: str, runtime: str) -> None:
+def write_agent_config(state: LabState, machine: str, runtime: str, spec: LabSpec) -> None:
     path = state.machine_dir(machine) / "etc" / "agent.json"
     partial = path.with_name("agent.json.part")
-    partial.write_text(json.dumps(agent_config(machine, runtime), indent=2) + "\n")
+    partial.write_text(json.dumps(agent_config(machine, runtime, spec), indent=2) + "\n")
     os.replace(partial, path)
 
 
@@ -172,7 +179,7 @@ def prepare_files(state: LabState, spec: LabSpec, machine: MachineSpec,
     for stub in stubs:
         shutil.copy2(STUB_DIR / stub, mdir / "bin" / stub)
         os.chmod(mdir / "bin" / stub, 0o755)
-    write_agent_config(state, machine.name, machine.runtime)
+    write_agent_config(state, machine.name, machine.runtime, spec)
     _own_etc(machine, mdir / "rootetc")
     (mdir / "labetc" / "machine.json").write_text(
         json.dumps(spec.machine_json(machine), indent=2) + "\n")
@@ -254,10 +261,10 @@ def init_script(spec: LabSpec, machine: MachineSpec, mdir: Path) -> str:
     shadow = f"mount --bind {m}/shadow /etc/shadow\n" if (mdir / "shadow").exists() else ""
     # Each machine has its own /root (a fresh server has none of this host's dotfiles: no pyenv
     # shims in every SSH session) and its own /tmp. The environment Ray runs from (the process
-    # driver) and its interpreter must stay visible when they live there: keep a view of them
+    # driver), its interpreter and the lab's stubs must stay visible when they live there: keep a view of them
     # before the machine's own directories cover them, and put it back afterwards.
-    kept = sorted({p for p in (os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix))
-                   if p.startswith(("/tmp/", "/root/"))})
+    kept = sorted({p for p in (os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix), os.path.realpath(STUB_DIR))
+                   if p.startswith(("/tmp/", "/root/"))})  # the stubs: the process driver's engine (process.vllm) runs from there
     keep_env = "".join(f"mkdir -p /run/lab-keep/{i} && mount --bind {q(p)} /run/lab-keep/{i}\n" for i, p in enumerate(kept))
     restore_env = "".join(f"mkdir -p {q(p)} && mount --bind /run/lab-keep/{i} {q(p)}\n" for i, p in enumerate(kept))
     return f"""#!/bin/sh

@@ -6,7 +6,10 @@ every machine, and ``[[machines]]`` (name, arch, networks, accelerators,
 optional disk_mib). A machine's address on every network it is on is host
 number 11 + its index in the spec; the host (the console) is .1 on each.
 An optional ``[hub]`` table (rate_mbit, port) shapes the lab hub, a host of
-its own at .250 on the management network (``lab/hub_host.py``).
+its own at .250 on the management network (``lab/hub_host.py``). An optional
+``[engine]`` table sets the lab's inference engine (``lab/stubs/vllm``):
+``tokens_per_second``, the pace of each request's tokens, standing for a GPU's
+decode time; it reaches the machines' engines through their agent config.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ HOST_NUMBER = 1
 HUB_HOST = 250  # the lab hub on the management network: far above any machine (.11 + index)
 HUB_NAME = "hub"  # its namespace is fl-hub, so no machine may be called that
 DEFAULT_HUB_RATE_MBIT = 400
+DEFAULT_ENGINE_PACE = 200  # tokens per second per request: a small model's decode on one GPU
 MAX_IFNAME = 15  # Linux interface names: IFNAMSIZ - 1
 
 NETWORK_NAME = re.compile(r"^[a-z][a-z0-9]{0,9}$")
@@ -44,6 +48,7 @@ MACHINE_KEYS = {
 }
 ACCELERATOR_KEYS = {"vendor", "model", "count", "memory_mib"}
 HUB_KEYS = {"rate_mbit", "port"}
+ENGINE_KEYS = {"tokens_per_second"}
 
 
 # A machine's container runtime: Podman as on a real machine, or `process` (Ray from the lab's own
@@ -143,10 +148,22 @@ class HubSpec:
 
 
 @dataclass(frozen=True)
+class EngineSpec:
+    """The lab's inference engine: how fast each request's tokens come (per request, not per machine)."""
+
+    tokens_per_second: float = DEFAULT_ENGINE_PACE
+
+    def environment(self) -> dict[str, str]:
+        """What every copy's engine gets (the machines' agent config ``engine_env``)."""
+        return {"FADEN_LAB_ENGINE_PACE": f"{self.tokens_per_second:g}"}
+
+
+@dataclass(frozen=True)
 class LabSpec:
     networks: tuple[NetworkSpec, ...]
     machines: tuple[MachineSpec, ...]
     hub: HubSpec = field(default_factory=HubSpec)
+    engine: EngineSpec = field(default_factory=EngineSpec)
     source: str = "<spec>"
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -229,7 +246,7 @@ def parse_spec(raw: dict, source: str = "<spec>") -> LabSpec:
     def fail(message: str) -> LabError:
         return LabError(f"spec {source}: {message}")
 
-    unknown = set(raw) - {"lab", "networks", "defaults", "machines", "hub"}
+    unknown = set(raw) - {"lab", "networks", "defaults", "machines", "hub", "engine"}
     if unknown:
         raise fail(f"unknown top-level key(s): {', '.join(sorted(unknown))}")
     networks = tuple(_parse_network(item, fail) for item in _table_list(raw, "networks", fail))
@@ -265,7 +282,20 @@ def parse_spec(raw: dict, source: str = "<spec>") -> LabSpec:
         raise fail(f"the lab hub is host .{HUB_HOST} of the management network {management.name} "
                    f"({management.subnet}): it needs a /24 or larger and at most "
                    f"{HUB_HOST - FIRST_MACHINE_HOST} machines")
-    return LabSpec(networks=networks, machines=machines, hub=hub, source=source, raw=raw)
+    engine = _parse_engine(raw.get("engine", {}), fail)
+    return LabSpec(networks=networks, machines=machines, hub=hub, engine=engine, source=source, raw=raw)
+
+
+def _parse_engine(item, fail) -> EngineSpec:
+    if not isinstance(item, dict):
+        raise fail("[engine] must be a table")
+    unknown = set(item) - ENGINE_KEYS
+    if unknown:
+        raise fail(f"[engine]: unknown key(s): {', '.join(sorted(unknown))}")
+    pace = item.get("tokens_per_second", DEFAULT_ENGINE_PACE)
+    if isinstance(pace, bool) or not isinstance(pace, (int, float)) or not 0 < pace <= 1_000_000:
+        raise fail("[engine]: tokens_per_second must be a number of tokens per second (0 < pace <= 1000000)")
+    return EngineSpec(tokens_per_second=pace)
 
 
 def _parse_hub(item, fail) -> HubSpec:

@@ -9,10 +9,10 @@ in ``docs/agent-protocol.md``); bad arguments give ``{"event": "error",
 
 import sys
 
-from . import facts, heartbeat, beat, machine, blob, image, blobserve, models, probe, runtime, ray
+from . import facts, heartbeat, beat, machine, blob, image, blobserve, models, probe, runtime, ray, copies
 
 # Importing a module declares its commands (``cli.command``).
-COMMAND_MODULES = (facts, heartbeat, beat, machine, blob, image, blobserve, models, probe, runtime, ray)
+COMMAND_MODULES = (facts, heartbeat, beat, machine, blob, image, blobserve, models, probe, runtime, ray, copies)
 from .cli import dispatch
 from .files import running_zip
 from .protocol import RETRYABLE, AgentError, Emitter

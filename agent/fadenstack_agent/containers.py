@@ -260,10 +260,11 @@ class Engine:
         # "--" is not needed: the image ends the options, and the command follows it as is.
         return argv + [image] + list(command)
 
-    def exec_argv(self, cluster: str, command, env_names=()) -> list:
+    def exec_argv(self, cluster: str, command, env_names=(), detach: bool = False) -> list:
         """Run ``command`` inside the cluster's running container (``ray start``,
-        the status script); variables by name only, as for ``run``."""
-        argv = self.argv("exec")
+        the status script, a model's copy with ``detach``: the engine returns at
+        once and the command runs on); variables by name only, as for ``run``."""
+        argv = self.argv("exec", "--detach") if detach else self.argv("exec")
         for env_name in check_env_names(env_names):
             argv += ["-e", env_name]
         return argv + [container_name(cluster)] + _check_command(command)

@@ -51,7 +51,7 @@ DRIVER = arg("--driver", metavar="NAME",
 # leaves behind, and it ends at once on SIGTERM (PID 1 has no default action).
 KEEP_ALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 # Variables `ray start` and the status script get from the agent (by name only).
-RAY_ENV_NAMES = ("RAY_USAGE_STATS_ENABLED", "RAY_gcs_server_request_timeout_seconds")
+RAY_ENV_NAMES = ("RAY_USAGE_STATS_ENABLED", "RAY_gcs_server_request_timeout_seconds", "RAY_prestart_worker_first_driver")
 
 
 def ray_env_names() -> list:
@@ -139,7 +139,7 @@ def has_cdi_specs() -> bool:
 def namespace_processes(pid: int) -> list:
     """The processes in the pid namespace of ``pid`` (the container's first
     process), by this machine's pids: Ray in a container is found, and
-    stopped, from outside it (``rayproc``), as on the machine."""
+    stopped, from outside it (``rayproc``, ``raystop``), as on the machine."""
     try:
         namespace = os.readlink("/proc/%d/ns/pid" % pid)
     except OSError:

@@ -17,15 +17,17 @@ timeouts) and reads what they print.
 - ``ray join --head ADDR:PORT --address ADDR --num-gpus N [--resources JSON]``
   likewise with ``ray start --address=HEAD``; the head must answer a TCP
   connect first (else ``unreachable``).  Already joined: ``already_running``.
-- ``ray status --head ADDR:PORT``: ``<python> -I -c STATUS_SCRIPT`` connects a
-  driver to the GCS (``ray.init(address=..., log_to_driver=False,
-  logging_level="ERROR")``) and prints ``ray.nodes()``; 30 s at most.
+- ``ray status --head ADDR:PORT``: ``<python> -I -c STATUS_SCRIPT`` asks the
+  GCS for its node table with Ray's GCS client (no driver registered: a
+  ``ray.init`` only where that client is missing) and prints the nodes; 30 s
+  at most.
 - ``ray reach --head ADDR:PORT``: can this machine open a TCP connection to
   the head's GCS (a machine joining a running cluster is checked with it).
-- ``ray stop``: SIGTERM (the raylet first), then SIGKILL after
-  ``STOP_GRACE`` s, to this machine's Ray processes only (see
-  ``rayproc.ray_processes``: never Ray's own ``ray stop``, which kills every
-  Ray process it can see, and lab machines share one process table).
+- ``ray stop``: SIGTERM (the raylet first, the GCS last), then SIGKILL to
+  what is still there ``STOP_GRACE`` s later, to this machine's Ray processes
+  only (see ``rayproc.ray_processes``: never Ray's own ``ray stop``, which
+  kills every Ray process it can see, and lab machines share one process
+  table); the order and its exceptions are ``raystop.terminate``'s.
 
 With the ``docker`` and ``podman`` drivers, ``ray`` and ``python`` run in the
 runtime container (``<engine> exec``), Ray's temp dir is the store's as the
@@ -33,8 +35,9 @@ container sees it, and Ray's processes are looked for in the container (the
 driver's ``ray_temp_dir`` and ``processes``; ``rayproc.ray_view``).
 
 Ray's environment: the agent's, without proxy variables and ``RAY_ADDRESS``,
-with ``RAY_USAGE_STATS_ENABLED=0``.  The output of the last ``ray start`` is
-kept in ``<store>/runtime/ray-start.log``; what the agent started is recorded
+with ``RAY_USAGE_STATS_ENABLED=0`` and ``RAY_prestart_worker_first_driver=0``
+(no workers started ahead for the status driver).  The output of the last
+``ray start`` is kept in ``<store>/runtime/ray-start.log``; what the agent started is recorded
 in ``<store>/runtime/ray.json``.  Command lines, environment and the parsing
 of Ray's output live in ``rayargs``; processes, records, the lock and the
 local network checks in ``rayproc``.
@@ -57,8 +60,8 @@ from .rayargs import (ALIVE_WAIT, ALREADY_WAIT, DEFAULT_PORT, START_TIMEOUT, STA
                       summarize_nodes, temp_dir)
 from .rayproc import (check_local_address, check_reachable, local_node, node_from_processes,
                       port_holder_message, ray_lock, ray_processes, ray_view, read_record, read_tail,
-                      resolve_head, signal_quietly, start_failure, stop_locked, stop_processes,
-                      write_record)
+                      resolve_head, start_failure, write_record)
+from .raystop import signal_quietly, stop_locked, stop_processes
 
 group("ray", help="Ray on this machine")
 HEAD = arg("--head", required=True, metavar="ADDR:PORT", help="the head's GCS address")
@@ -337,7 +340,7 @@ def cmd_status(args, out) -> int:
 
 @command("ray", "stop", args=[STORE])
 def cmd_stop(args, out) -> int:
-    """``ray stop``: stop this machine's Ray (SIGTERM, raylet first; SIGKILL after 2 s).
+    """``ray stop``: stop this machine's Ray (SIGTERM, raylet first, GCS last; SIGKILL after 2 s).
 
     Result: ``{"stopped": bool (something was running), "pids", "forced"
     (needed SIGKILL), "seconds"}``.  Running it again is a no-op.

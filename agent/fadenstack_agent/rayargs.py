@@ -16,7 +16,9 @@ ALREADY_WAIT = 10.0         # an existing node: until Ray confirms it alive
 STATUS_LOOKUP = 20.0        # the status driver's GCS requests (finding its raylet, ray.nodes())
 STATUS_SLACK = 10.0         # ... plus starting Python and importing Ray: 30 s for `ray status`
 CONNECT_TIMEOUT = 5.0       # TCP check of a head's GCS port
-STOP_GRACE = 2.0            # SIGTERM -> SIGKILL (raylet first, then the rest)
+STOP_GRACE = 2.0            # SIGTERM -> SIGKILL, each wave (raylet first, then the rest, the GCS last)
+UNREACHABLE_GRACE = 0.5     # ... when the GCS does not answer (nothing can end cleanly without it)
+GCS_PROBE_TIMEOUT = 1.0     # TCP connect to the GCS before a stop: does it answer
 LOCK_WAIT = START_TIMEOUT + ALIVE_WAIT + 30
 RESERVED_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "ftp_proxy", "all_proxy", "no_proxy", "grpc_proxy")
@@ -29,8 +31,12 @@ SOCKET_TAIL = "/sockets/plasma_store"
 SOCKET_SUFFIX_MAX = 3                                               # Ray's ".N" on a clash
 STATUS_MARK = "FADEN-RAY-STATUS "
 
-# The status driver: argv = address, local node ip ("" = Ray's choice), node id
+# The status script: argv = address, local node ip ("" = Ray's choice), node id
 # to wait for ("" = none), address to wait for ("" = none), seconds to wait.
+# It asks the GCS for its node table with Ray's own GCS client: no driver is
+# registered, no worker or job started (a driver, ray.init, costs some 4 s of
+# CPU more on every look).  A Ray without that client (its module is private)
+# is asked through a driver, as before.
 STATUS_SCRIPT = r'''
 import json, sys, time
 address, node_ip, wait_id, wait_address, wait_s = sys.argv[1:6]
@@ -42,28 +48,38 @@ try:
 except Exception as exc:
     emit({"error": "import", "message": "%s: %s" % (type(exc).__name__, exc)})
     sys.exit(3)
-kwargs = {"address": address, "log_to_driver": False, "logging_level": "ERROR"}
-if node_ip:
-    kwargs["_node_ip_address"] = node_ip
-try:
-    ray.init(**kwargs)
-except Exception as exc:
-    emit({"error": "connect", "message": "%s: %s" % (type(exc).__name__, exc)})
-    sys.exit(4)
-def nodes():
+def gcs_nodes():
+    return [{"node_id": info.node_id.hex(), "address": info.node_manager_address,
+             "alive": info.state == info.ALIVE, "gpus": dict(info.resources_total).get("GPU", 0)}
+            for info in client.get_all_node_info(timeout=20).values()]
+def driver_nodes():
     return [{"node_id": n.get("NodeID"), "address": n.get("NodeManagerAddress"),
              "alive": bool(n.get("Alive")), "gpus": (n.get("Resources") or {}).get("GPU", 0)}
             for n in ray.nodes()]
 def waited(found):
     return any(n["alive"] and ((wait_id and n["node_id"] == wait_id) or
                                (not wait_id and n["address"] == wait_address)) for n in found)
-deadline = time.monotonic() + float(wait_s or 0)
-found = nodes()
-while (wait_id or wait_address) and not waited(found) and time.monotonic() < deadline:
-    time.sleep(0.25)
-    found = nodes()
+try:
+    try:
+        from ray._raylet import GcsClient
+        client = GcsClient(address=address)
+        nodes = gcs_nodes
+        found = nodes()
+    except (ImportError, TypeError, AttributeError):  # another Ray's private client: ask through a driver
+        kwargs = {"address": address, "log_to_driver": False, "logging_level": "ERROR"}
+        if node_ip:
+            kwargs["_node_ip_address"] = node_ip
+        ray.init(**kwargs)
+        nodes = driver_nodes
+        found = nodes()
+    deadline = time.monotonic() + float(wait_s or 0)
+    while (wait_id or wait_address) and not waited(found) and time.monotonic() < deadline:
+        time.sleep(0.25)
+        found = nodes()
+except Exception as exc:
+    emit({"error": "connect", "message": "%s: %s" % (type(exc).__name__, exc)})
+    sys.exit(4)
 emit({"nodes": found})
-ray.shutdown()
 '''
 
 
@@ -194,12 +210,16 @@ def status_argv(driver, head: str, node_ip=None, wait_id=None, wait_address=None
 
 
 def ray_env(base=None) -> dict:
-    """The environment Ray runs in: ours, minus proxies and RAY_ADDRESS, no usage stats."""
+    """The environment Ray runs in: ours, minus proxies and RAY_ADDRESS, no usage stats, and no
+    workers started ahead for the first driver: that driver is always our status driver (the
+    alive check after ``ray start``), which runs no task, so the workers Ray would start for it
+    (one per CPU, each importing Ray) only take the CPU the start needs."""
     env = dict(os.environ if base is None else base)
     for name in list(env):
         if name.lower() in PROXY_VARIABLES or name == "RAY_ADDRESS":
             del env[name]
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env["RAY_prestart_worker_first_driver"] = "0"
     return env
 
 

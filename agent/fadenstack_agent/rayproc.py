@@ -1,20 +1,19 @@
 """This machine's Ray, for ``ray``: its processes (found in /proc, never by
 Ray's own ``ray stop``, which kills every Ray process it can see: lab machines
 share one process table), the agent's record of what it started
-(``<store>/runtime/ray.json``), the lock, and local network checks.
+(``<store>/runtime/ray.json``), the lock, and local network checks.  Stopping
+those processes is ``raystop``.
 """
 
 import errno
 import ipaddress
 import os
-import signal
 import socket
-import time
 
 from .files import Locked, read_json, runtime_dir, write_json
 from .protocol import ADDRESS_IN_USE, NOT_RETRYABLE, RETRYABLE, UNREACHABLE, AgentError
-from .rayargs import (CONNECT_TIMEOUT, LOCK_WAIT, START_TIMEOUT, STOP_GRACE, build_address,
-                      in_use_words, port_taken_in_logs, summarize_failure, temp_dir)
+from .rayargs import (CONNECT_TIMEOUT, LOCK_WAIT, START_TIMEOUT, build_address, in_use_words,
+                      port_taken_in_logs, summarize_failure, temp_dir)
 
 
 # ------------------------------------------------------------------ this machine's Ray processes
@@ -182,47 +181,6 @@ def local_summary(store: str, driver=None) -> dict:
             "node_id": node["node_id"] if node else None, "pids": [p.pid for p in procs]}
 
 
-def _still_there(proc) -> bool:
-    now = read_proc(proc.pid)
-    return now is not None and now.start == proc.start
-
-
-def terminate(procs: list, grace: float = STOP_GRACE):
-    """Stop processes in Ray's order; returns (stopped pids, forced pids).
-
-    The raylet first (SIGTERM): it unregisters from the GCS, so the cluster
-    learns at once that the node is gone, and takes its workers and agents
-    along; that needs a live GCS (with the GCS terminated alongside it, the
-    raylet hangs).  Then SIGTERM to the rest, SIGKILL to what still runs
-    after ``grace`` s (the autoscaler's monitor ignores SIGTERM).
-    """
-    live = [p for p in procs if _still_there(p)]
-    raylets = [p for p in live if os.path.basename(p.argv[0]) == "raylet"]
-    for wave, wait in ((raylets, grace), (live, grace)):
-        wave = [p for p in wave if _still_there(p)]
-        for proc in wave:
-            signal_quietly(proc.pid, signal.SIGTERM)
-        _wait_gone(wave, wait)
-    forced = [p for p in live if _still_there(p)]
-    for proc in forced:
-        signal_quietly(proc.pid, signal.SIGKILL)
-    _wait_gone(forced, 5)
-    return [p.pid for p in live], [p.pid for p in forced]
-
-
-def _wait_gone(procs: list, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(_still_there(p) for p in procs):
-        time.sleep(0.02)
-
-
-def signal_quietly(pid: int, sig) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 # ------------------------------------------------------------------ records and locks
 
 
@@ -246,37 +204,6 @@ def ray_lock(store: str, wait: float = LOCK_WAIT) -> Locked:
     (``<store>/runtime/ray.lock``)."""
     return Locked(os.path.join(runtime_dir(store), "ray.lock"), wait,
                   "another ray command has been running on this machine for %d s" % wait)
-
-
-def stop_processes(store: str, out=None, driver=None) -> dict:
-    """Stop this machine's Ray (under ``<store>/ray``; in the runtime container
-    with a container ``driver``); the caller holds the lock."""
-    started = time.monotonic()
-    record = read_record(store)
-    stopped, forced = [], []
-    for _ in range(3):          # workers may be forked while the rest goes down
-        temp, procs = ray_view(store, driver)
-        procs = ray_processes(temp, record.get("sids", ()), procs)
-        if not procs:
-            break
-        if out is not None:
-            out.log("stopping %d Ray process(es): %s" % (len(procs), ", ".join(str(p.pid) for p in procs)))
-        done, killed = terminate(procs)
-        stopped += done
-        forced += killed
-    try:
-        os.unlink(os.path.join(temp_dir(store), "ray_current_cluster"))
-    except OSError:
-        pass
-    if record:
-        write_record(store, role=None, sids=[], stopped_at=round(time.time(), 3))
-    return {"stopped": bool(stopped), "pids": sorted(set(stopped)), "forced": sorted(set(forced)),
-            "seconds": round(time.monotonic() - started, 3)}
-
-
-def stop_locked(store: str, out=None, driver=None) -> dict:
-    with ray_lock(store):
-        return stop_processes(store, out, driver)
 
 
 # ------------------------------------------------------------------ network checks

@@ -37,7 +37,7 @@ Files under ``<store>/runtime``: ``loaded.json`` (``image load``),
 import os
 import time
 
-from . import rayproc
+from . import copyproc, rayproc, raystop
 from .blobstore import check_digest
 from .cli import STORE, arg, command, group
 from .containers import CLUSTER_RE, ENGINES
@@ -287,24 +287,32 @@ def cmd_start(args, out) -> int:
 
 @command("runtime", "stop", args=[STORE])
 def cmd_stop(args, out) -> int:
-    """``runtime stop [--store PATH]``: stop Ray (as ``ray stop``), then the
-    runtime: the runtime container is stopped and removed.
+    """``runtime stop [--store PATH]``: end the runtime's copies, stop Ray (as
+    ``ray stop``), then the runtime: the runtime container is stopped and
+    removed (which ends the copies in it; the ``process`` driver's are stopped
+    first).  The copies' records are cleared.
 
     Result: ``{"stopped": true, "was_started": bool, "digest", "ray": {the
     result of ray stop}, "container": name | null, "container_removed":
-    bool}``.  Running it again is a no-op.
+    bool, "copies": [ids of the copies ended]}``.  Running it again is a no-op.
     """
     store = store_dir(args.store)
     state = read_state(store)
-    driver = recorded_driver(store)
-    ray_result = rayproc.stop_locked(store, out, driver)
-    removed = driver.stop(out) if driver is not None and driver.per_cluster else False
+    config = load_machine_config()
+    driver = recorded_driver(store, config)
+    in_container = driver is not None and driver.per_cluster
+    # Copies may run on Ray (--distributed-executor-backend ray): they end before it.
+    copies = [] if in_container else copyproc.stop_all(store, config, container_gone=False, out=out)
+    ray_result = raystop.stop_locked(store, out, driver)
+    removed = driver.stop(out) if in_container else False
+    if in_container:
+        copies = copyproc.stop_all(store, config, container_gone=True, out=out)   # they ended with it
     was_started = state.get("state") == "started"
     if was_started:
         state.update(state="stopped", stopped_at=round(time.time(), 3))
         write_json(state_path(store), state)
     return out.result(stopped=True, was_started=was_started, digest=state.get("digest"), ray=ray_result,
-                      container=state.get("container"), container_removed=removed)
+                      container=state.get("container"), container_removed=removed, copies=copies)
 
 
 @command("runtime", "status", args=[STORE])

@@ -66,7 +66,7 @@ def test_ray_runs_inside_the_clusters_container_with_its_variables_by_name(monke
     driver = podman_driver()
     assert driver.ray_argv("start", "--head") == PODMAN + [
         "exec", "-e", "RAY_USAGE_STATS_ENABLED", "-e", "RAY_gcs_server_request_timeout_seconds",
-        "-e", "RAY_health_check_period_ms", "fadenstack-alpha", "ray", "start", "--head"]
+        "-e", "RAY_health_check_period_ms", "-e", "RAY_prestart_worker_first_driver", "fadenstack-alpha", "ray", "start", "--head"]
     assert driver.python_argv("-c", "print(1)")[-5:] == ["fadenstack-alpha", "python3", "-I", "-c", "print(1)"]
 
 

@@ -57,7 +57,7 @@ def test_every_command_has_a_docstring_and_a_single_declaration():
     assert all(names[0].startswith("blob serve ") and names[1].startswith("image serve ") for names in shared)
 
 
-# The command lines the console sends (clusters/, machines/), with the values it fills in.
+# The command lines the console sends (clusters/, machines/, deployments/), with the values it fills in.
 CONSOLE_CALLS = [
     ["facts"],
     ["heartbeat", "start", "--url", "http://198.18.0.1:8000/agent/heartbeat/", "--interval", "10"],
@@ -77,6 +77,9 @@ CONSOLE_CALLS = [
     ["ray", "stop"],
     ["probe", "serve", "--bind", "198.18.1.12", "--port", "7471", "--seconds", "3"],
     ["probe", "send", "--to", "198.18.1.12", "--port", "7471", "--seconds", "3"],
+    ["copy", "start"],
+    ["copy", "stop", "--copy", "d7-c3", "--timeout", "30"],
+    ["copy", "list"],
 ]
 
 

@@ -87,11 +87,12 @@ def test_status_driver_bounds_rays_gcs_requests_to_our_deadline():
     assert rayargs.STATUS_LOOKUP + rayargs.STATUS_SLACK == 30
 
 
-def test_status_script_is_valid_python_that_inits_ray_quietly():
+def test_status_script_asks_the_gcs_without_a_driver_and_falls_back_to_a_quiet_one():
     compile(rayargs.STATUS_SCRIPT, "<status>", "exec")
-    assert 'log_to_driver": False' in rayargs.STATUS_SCRIPT
-    assert 'logging_level": "ERROR"' in rayargs.STATUS_SCRIPT
-    assert "ray.nodes()" in rayargs.STATUS_SCRIPT and "ray.shutdown()" in rayargs.STATUS_SCRIPT
+    assert "GcsClient(address=address)" in rayargs.STATUS_SCRIPT and "get_all_node_info(" in rayargs.STATUS_SCRIPT
+    fallback = rayargs.STATUS_SCRIPT.split("except (ImportError, TypeError, AttributeError):")[1]
+    assert 'log_to_driver": False' in fallback and 'logging_level": "ERROR"' in fallback
+    assert "nodes = driver_nodes" in fallback and "ray.nodes()" in rayargs.STATUS_SCRIPT
 
 
 def test_status_script_reports_an_import_failure_as_a_marked_line(tmp_path):
@@ -106,7 +107,7 @@ def test_status_script_reports_an_import_failure_as_a_marked_line(tmp_path):
 def test_ray_environment_drops_proxies_and_ray_address_and_disables_usage_stats():
     env = rayargs.ray_env({"PATH": "/bin", "http_proxy": "http://p:3128", "HTTPS_PROXY": "x", "NO_PROXY": "y",
                           "all_proxy": "z", "RAY_ADDRESS": "auto", "RAY_USAGE_STATS_ENABLED": "1"})
-    assert env == {"PATH": "/bin", "RAY_USAGE_STATS_ENABLED": "0"}
+    assert env == {"PATH": "/bin", "RAY_USAGE_STATS_ENABLED": "0", "RAY_prestart_worker_first_driver": "0"}
 
 
 # ---------------------------------------------------------------- arguments

@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -41,8 +42,10 @@ def raylet(store):
     procs = []
 
     def start(temp=None):
-        proc = subprocess.Popen(["raylet", "-c", "sleep 30; :", "--temp_dir=%s" % (temp or store / "ray")],
-                                executable="/bin/sh")
+        # One process that never forks: a shell's child, caught between its fork and its exec, would
+        # still carry the raylet's argv after the shell is killed.
+        proc = subprocess.Popen(["raylet", "-c", "import time; time.sleep(30)", "--temp_dir=%s" % (temp or store / "ray")],
+                                executable=sys.executable)
         procs.append(proc)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:      # until /proc shows its argv (after the exec)
