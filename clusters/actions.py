@@ -14,7 +14,6 @@ from console.models import Job
 from console.offers import ALLOWED, Offer
 from console.roles import OPERATOR, Action
 
-DEPLOY_LATER = "Models are deployed from Deployments, which is not available yet."
 DRAIN_LATER = "Draining comes with deployments."
 
 # Who may do each action, and how a refusal names it.
@@ -73,7 +72,8 @@ def cluster_actions(cluster: Cluster, busy: Job | None, *, role: roles.Role | No
                          busy=stop_busy, what="Delete it"),
         "switch": _offer(cluster, SWITCH, role, not settling, f"{name} is {label}.", busy=busy, what="Switch the runtime"),
         "network": _offer(cluster, NETWORK, role, not settling, f"{name} is {label}.", busy=busy, what="Change the network"),
-        "deploy": _offer(cluster, DEPLOY, role, False, DEPLOY_LATER, busy=None, what=""),
+        "deploy": _offer(cluster, DEPLOY, role, state == ClusterState.RUNNING,
+                         f"{name} is {label}: models are deployed on a running cluster.", busy=None, what=""),
     }
 
 

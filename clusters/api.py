@@ -12,7 +12,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from clusters import planning, selectors, services, steps
+from clusters import hooks, planning, selectors, services, steps
 from clusters.choices import MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, Transfer
 from clusters.pages import network_view
@@ -63,7 +63,7 @@ class ClusterSerializer(serializers.ModelSerializer):
     runtime_image = serializers.SerializerMethodField()
     machines_up = serializers.SerializerMethodField()
     accelerators = serializers.SerializerMethodField()
-    free_accelerators = serializers.SerializerMethodField()
+    free_accelerators = serializers.SerializerMethodField(help_text="GPUs of the machines that are up, less what copies of models hold (a share of a GPU counts as its share)")
     members = MemberSerializer(many=True, read_only=True)
 
     class Meta:
@@ -88,8 +88,8 @@ class ClusterSerializer(serializers.ModelSerializer):
     def get_accelerators(self, cluster) -> int:
         return sum(m.accelerators_in_ray for m in self._joined(cluster))
 
-    def get_free_accelerators(self, cluster) -> int:
-        return self.get_accelerators(cluster)  # nothing is deployed yet
+    def get_free_accelerators(self, cluster) -> float:
+        return hooks.accelerators_free(cluster, self._joined(cluster))
 
 
 class MemberSummarySerializer(MemberSerializer):

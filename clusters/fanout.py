@@ -29,9 +29,10 @@ class ProgressBoard(Ticker):
 
     tick_on_exit = True
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, *, also_push: Callable[[], None] | None = None):
         super().__init__(f"progress-{cluster.pk}")
         self.cluster = cluster
+        self.also_push = also_push  # other pages that show these bars (a deployment's), pushed on the same tick
         self._lock = threading.Lock()
         self._transfers: dict[tuple[int, str], dict] = {}
         self._dirty = False
@@ -59,6 +60,8 @@ class ProgressBoard(Ticker):
             Transfer.objects.filter(member_id=member_id, digest=digest).update(**fields)
         if transfers or dirty:
             cluster_changed(self.cluster, part="members")
+            if self.also_push is not None:
+                self.also_push()
 
 
 def in_thread(fn: Callable, *args):

@@ -46,6 +46,11 @@ def _ask(member: ClusterMember, gcs: str) -> dict:
                     answer["ray"] = agent.ray_status(head=gcs, timeout=45).raw
                 except AgentError as exc:
                     answer["ray_error"] = exc.message
+            for name, ask in hooks.health_questions().items():  # what apps above ask too (deployments: copies)
+                try:
+                    answer[name] = ask(agent, member)
+                except AgentError as exc:
+                    answer[f"{name}_error"] = exc.message
     except AgentError as exc:
         answer["error"] = exc.message
     finally:
@@ -106,7 +111,7 @@ def _record_member_states(cluster: Cluster, members: list[ClusterMember], findin
         elif finding:
             members_transition(row, to=MemberState.DOWN, reason=finding.text, last_status=status)
         elif node and node.get("alive") and member.state in DOWN_STATES:
-            members_transition(row, to=MemberState.JOINED, accelerators_in_ray=int(node.get("gpus") or 0),
+            members_transition(row, to=MemberState.JOINED, accelerators_in_ray=member.machine.accelerators.count(),
                                ray_node_id=str(node.get("node_id", ""))[:64], rejoin_attempts=0, last_status=status)
         else:
             row.update(last_status=status)

@@ -10,6 +10,11 @@
   (deployments that still run on the cluster, say).
 - ``health_extension_register``: called after each health check with what was
   looked at, so that an app can look at its own parts (copies of models).
+- ``health_question_register``: one more question each machine's agent is asked in
+  the check's own SSH session (the copies it runs, say); its answer goes into the
+  answers the health extensions get, under the question's name.
+- ``accelerators_held_register``: how many of a cluster's accelerators are held
+  (by copies of models), so that Free accelerators counts them.
 """
 from __future__ import annotations
 
@@ -36,6 +41,8 @@ class PageCard:
 _cards: dict[str, PageCard] = {}
 _delete_blockers: dict[str, Callable[[object], str | None]] = {}
 _health_extensions: dict[str, Callable[[object, dict], None]] = {}
+_accelerators_held: dict[str, Callable[[object, list[int]], float]] = {}
+_health_questions: dict[str, Callable[[object, object], object]] = {}
 
 
 def page_card_register(name: str, *, template: str, context: Callable[[object], dict]) -> None:
@@ -61,6 +68,30 @@ def health_extension_register(name: str, extension: Callable[[object, dict], Non
     _health_extensions[name] = extension
 
 
+def health_question_register(name: str, ask: Callable[[object, object], object]) -> None:
+    """``ask(agent, member)`` runs in the check's session with the member's agent; None means nothing to ask."""
+    _health_questions[name] = ask
+
+
+def health_questions() -> dict[str, Callable[[object, object], object]]:
+    return dict(_health_questions)
+
+
 def health_extensions_run(cluster, answers: dict) -> None:
     for extension in _health_extensions.values():
         extension(cluster, answers)
+
+
+def accelerators_held_register(name: str, held: Callable[[object, list[int]], float]) -> None:
+    """``held(cluster, machine_ids)``: the accelerators held on those machines of the cluster (a share of
+    a GPU counts as its share)."""
+    _accelerators_held[name] = held
+
+
+def accelerators_free(cluster, joined: list) -> float:
+    """Free accelerators: those of the machines that are up, less what is held on them."""
+    total = sum(m.accelerators_in_ray for m in joined)
+    machine_ids = [m.machine_id for m in joined]
+    held = sum(held(cluster, machine_ids) for held in _accelerators_held.values()) if machine_ids else 0
+    free = max(total - held, 0)
+    return int(free) if free == int(free) else round(float(free), 2)

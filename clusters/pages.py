@@ -39,7 +39,7 @@ def cluster_cards(cluster: Cluster, members: list[ClusterMember] | None = None, 
             "machines_up": len(joined),
             "machines": len(members),
             "accelerators": sum(m.accelerators_in_ray for m in joined),
-            "free_accelerators": sum(m.accelerators_in_ray for m in joined),  # nothing is deployed yet
+            "free_accelerators": hooks.accelerators_free(cluster, joined),
         },
     } | extra_cards(cluster, role)
 

@@ -4,14 +4,17 @@ from rest_framework.routers import DefaultRouter
 
 from console.audit_api import AuditEntryViewSet
 from console.settings_api import HfTokenView
-from deployments.api import ClusterModelSourceViewSet, ModelViewSet
+from deployments.api import ClusterModelSourceViewSet, GatewayKeyViewSet, ModelViewSet
+from deployments.deployment_api import DeploymentViewSet
 from machines.api import MachineViewSet
 
 router = DefaultRouter()
 router.register("machines", MachineViewSet, basename="machine")
 router.register("clusters", ClusterModelSourceViewSet, basename="cluster")
 router.register("models", ModelViewSet, basename="model")
+router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("audit", AuditEntryViewSet, basename="audit")
+router.register("gateway/keys", GatewayKeyViewSet, basename="gateway-key")
 
 urlpatterns = [
     path("", include(router.urls)),

@@ -9,6 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
 from config import data_dir
@@ -216,7 +217,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "machines-mark-offline": {
         "task": "machines.tasks.machines_mark_offline",
-        "schedule": timedelta(seconds=10),
+        "schedule": timedelta(seconds=env_int("FADEN_OFFLINE_TICK", 10)),
     },
     "clusters-retry-due": {
         "task": "clusters.tasks.clusters_retry_due",
@@ -230,6 +231,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "console.tasks.jobs_reap",
         "schedule": timedelta(seconds=env_int("FADEN_JOB_REAP_TICK", 15)),
     },
+    # Copies the gateway could not reach are looked at at once (deployments/copy_health.py), not at the next check.
+    "deployments-gateway-failures": {
+        "task": "deployments.tasks.gateway_failures",
+        "schedule": timedelta(seconds=env_int("FADEN_GATEWAY_FAILURES_TICK", 2)),
+    },
 }
 
 # Old records are pruned by age every hour (console.pruning); 0 keeps them for ever.
@@ -237,6 +243,7 @@ FADEN_KEEP_EVENTS_DAYS = env_int("FADEN_KEEP_EVENTS_DAYS", 90)  # machine events
 FADEN_KEEP_JOBS_DAYS = env_int("FADEN_KEEP_JOBS_DAYS", 90)  # finished jobs; queued and running ones stay
 FADEN_KEEP_CHECKS_DAYS = env_int("FADEN_KEEP_CHECKS_DAYS", 7)  # clusters' health checks: about 1,440 a day each
 FADEN_KEEP_AUDIT_DAYS = env_int("FADEN_KEEP_AUDIT_DAYS", 365)  # the audit trail: who did what
+FADEN_KEEP_CERTIFICATES_DAYS = env_int("FADEN_KEEP_CERTIFICATES_DAYS", 90)  # records of SSH certificates signed
 CELERY_BEAT_SCHEDULE["prune-old-records"] = {"task": "console.tasks.prune_old_records", "schedule": timedelta(hours=1)}
 
 # Jobs: a running job's worker beats its row; a job silent for FADEN_JOB_STALE seconds lost it.
@@ -246,10 +253,12 @@ FADEN_JOB_STALE = env_int("FADEN_JOB_STALE", 45)
 # Health checks and repairs of running clusters.
 FADEN_HEALTH_INTERVAL = env_int("FADEN_HEALTH_INTERVAL", 60)  # every running cluster is looked at this often
 FADEN_HEALTH_LOOK_AGAIN = env_int("FADEN_HEALTH_LOOK_AGAIN", 20)  # a problem is looked at again before any repair
+FADEN_COPY_SILENT_GRACE = env_int("FADEN_COPY_SILENT_GRACE", 60)  # a running engine that does not answer, this long: restarted
 FADEN_RESTART_ATTEMPTS = env_int("FADEN_RESTART_ATTEMPTS", 3)  # restarts of a cluster whose head stopped, then Failed
 FADEN_RESTART_PAUSE = env_int("FADEN_RESTART_PAUSE", 30)  # before the second restart; doubles for the next
 FADEN_FAILED_RETRY = env_int("FADEN_FAILED_RETRY", 900)  # a Failed cluster is tried again this often
 FADEN_HEALTH_PARALLEL = env_int("FADEN_HEALTH_PARALLEL", 16)  # SSH sessions one check holds at once
+FADEN_PROBE_SECONDS = env_int("FADEN_PROBE_SECONDS", 3)  # the network test sends this long on each network
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -289,12 +298,18 @@ SPECTACULAR_SETTINGS = {
 FADEN_SSH_KEY_PATH = Path(os.environ.get("FADEN_SSH_KEY", DATA_DIR / "ssh" / "id_ed25519"))
 FADEN_SSH_CONNECT_TIMEOUT = env_int("FADEN_SSH_CONNECT_TIMEOUT", 10)
 FADEN_SSH_COMMAND_TIMEOUT = env_int("FADEN_SSH_COMMAND_TIMEOUT", 120)
+# The console's SSH certificate authority (machines/ssh_ca.py): its private key beside the console's own,
+# and how long a certificate it signs for a node login is valid (at most a day: it cannot be revoked).
+FADEN_SSH_CA_KEY_PATH = Path(os.environ.get("FADEN_SSH_CA_KEY_PATH", DATA_DIR / "ssh" / "ca_ed25519"))
+FADEN_SSH_CERT_SECONDS = env_int("FADEN_SSH_CERT_SECONDS", 3600)
+if not 60 <= FADEN_SSH_CERT_SECONDS <= 24 * 3600:
+    raise ImproperlyConfigured("FADEN_SSH_CERT_SECONDS must be from 60 to 86400 (a day): a certificate cannot be revoked.")
 
 # At every start, whatever modes were there before: the data directory and all in it (0700, 0600),
-# the SSH key, the secrets' key and the SQLite file wherever they are.
+# the SSH key, the SSH CA's key, the secrets' key and the SQLite file wherever they are.
 # Secrets the console keeps (the Hugging Face token) are sealed with this key, kept outside the database.
 FADEN_SECRETS_KEY_PATH = Path(os.environ.get("FADEN_SECRETS_KEY_PATH", DATA_DIR / "secrets.key"))
-data_dir.private(DATA_DIR, secrets_elsewhere=[FADEN_SSH_KEY_PATH, FADEN_SECRETS_KEY_PATH], database=DATABASES["default"])
+data_dir.private(DATA_DIR, secrets_elsewhere=[FADEN_SSH_KEY_PATH, FADEN_SSH_CA_KEY_PATH, FADEN_SECRETS_KEY_PATH], database=DATABASES["default"])
 
 # Heartbeats: how machines reach the console, how often they beat, when they count as offline.
 FADEN_CONSOLE_URL = os.environ.get("FADEN_CONSOLE_URL", "")
@@ -321,3 +336,25 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 FADEN_HF_ENDPOINT = (os.environ.get("FADEN_HF_ENDPOINT") or os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
 # The share of a copy's GPU memory kept for the KV cache, on top of the weights (the model page states it).
 FADEN_KV_CACHE_SHARE = float(os.environ.get("FADEN_KV_CACHE_SHARE", "0.2"))
+# Deployments: each machine gives copies ports from this range (inclusive) on its cluster address, and the
+# console's placement chooses them. "8100-8199" by default; a site with other services there moves it.
+FADEN_COPY_PORTS = tuple(int(p) for p in os.environ.get("FADEN_COPY_PORTS", "8100-8199").split("-", 1))
+if len(FADEN_COPY_PORTS) != 2 or not 1024 <= FADEN_COPY_PORTS[0] <= FADEN_COPY_PORTS[1] <= 65535:
+    raise ImproperlyConfigured("FADEN_COPY_PORTS must be a range of ports such as 8100-8199, from 1024 to 65535.")
+# How long a copy may take to read Serving once its engine started (loading weights), before it is Failed.
+FADEN_COPY_START_TIMEOUT = env_int("FADEN_COPY_START_TIMEOUT", 900)
+
+# The gateway: the OpenAI-compatible front door to every serving copy, a process of its own (docs/gateway.md).
+FADEN_GATEWAY_PORT = env_int("FADEN_GATEWAY_PORT", 8001)
+FADEN_GATEWAY_BIND = os.environ.get("FADEN_GATEWAY_BIND", "")  # empty: where the web server listens (FADEN_WEB_BIND)
+FADEN_GATEWAY_WORKERS = env_int("FADEN_GATEWAY_WORKERS", 1)  # processes behind the one port
+# The URL clients use, as the Gateway page shows it; empty: the console's host name on FADEN_GATEWAY_PORT.
+FADEN_GATEWAY_URL = os.environ.get("FADEN_GATEWAY_URL", "").rstrip("/")
+FADEN_GATEWAY_APPLICATION = "config.gateway_asgi.application"  # named for faden serve, like ASGI_APPLICATION
+FADEN_GATEWAY_REFRESH = float(os.environ.get("FADEN_GATEWAY_REFRESH", "0.5"))  # seconds between reads of routes and keys
+FADEN_GATEWAY_PROBE = float(os.environ.get("FADEN_GATEWAY_PROBE", "1"))  # seconds between health looks at copies out of rotation
+FADEN_GATEWAY_CONNECT_TIMEOUT = float(os.environ.get("FADEN_GATEWAY_CONNECT_TIMEOUT", "2"))
+FADEN_GATEWAY_READ_TIMEOUT = float(os.environ.get("FADEN_GATEWAY_READ_TIMEOUT", "600"))  # a non-streamed answer
+FADEN_GATEWAY_MAX_BODY = env_int("FADEN_GATEWAY_MAX_BODY", 32 * 1024 * 1024)
+# Figures, failure reports and live processes in Redis (the database number of REDIS_URL applies).
+FADEN_GATEWAY_REDIS_PREFIX = os.environ.get("FADEN_GATEWAY_REDIS_PREFIX", "faden:gateway")

@@ -22,6 +22,7 @@ urlpatterns = [
     path("clusters/", include("clusters.urls")),
     path("models/", include("deployments.model_urls")),
     path("deployments/", include("deployments.urls")),
+    path("gateway/", include("deployments.gateway_urls")),
     path("audit/", views.audit_list, name="audit"),
     path("settings/", include("console.settings_urls")),
     path("agent/heartbeat/", agent_heartbeat, name="agent-heartbeat"),

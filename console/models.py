@@ -3,7 +3,7 @@ from django.db import models
 from django.utils import timezone
 
 from console.choices import AUDIT_BADGE, JOB_ACTIVE, JOB_BADGE, AuditOutcome, JobState
-from console.roles import ROLES
+from console.roles import GRANTS, ROLES
 
 
 class Job(models.Model):
@@ -90,12 +90,14 @@ class AuditEntry(models.Model):
 
 class Access(models.Model):
     """What the roles' permissions hang on (console/roles.py): ``console.read``, ``console.operate``,
-    ``console.administer``. It has no table; Django needs a model to give a permission to."""
+    ``console.administer``, and the grants on top of a role (``console.node_login``). It has no
+    table; Django needs a model to give a permission to."""
 
     class Meta:
         managed = False
         default_permissions = ()
-        permissions = [(role.codename, role.description) for role in ROLES]
+        permissions = [(role.codename, role.description) for role in ROLES] + [
+            (grant.codename, grant.description) for grant in GRANTS]
         verbose_name_plural = "access"
 
 

@@ -6,6 +6,12 @@
 - Administrator: also enrols and deletes machines, trusts host keys, manages users, API tokens and
   the server's credentials, and uses the Django admin.
 
+Node logins (root on a cluster's machines, with an SSH certificate the console signs) are a
+permission of their own, ``console.node_login``: every Administrator holds it, and an Operator
+when an Administrator allows it, through the group "Node logins" (``node_logins_set``) or given to
+the user directly in the admin. A Viewer never logs in to a node, whatever they hold
+(machines/ssh_rules.py decides).
+
 A role is a permission on ``console.Access`` (``console.read``, ``console.operate``,
 ``console.administer``); a user's role is the highest one they hold, through its group (a
 superuser holds them all). An account without one (made in the admin and given no group) signs in
@@ -56,6 +62,23 @@ ADMINISTRATOR = Role("Administrator", "administer", 3,
 ROLES = (VIEWER, OPERATOR, ADMINISTRATOR)
 # Not a role anyone holds: the console itself acting, with no person behind it (a task, beat).
 CONSOLE = Role("Console", "", 99, "")
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A permission given on top of a role, to a user or through a group of its own name."""
+
+    group: str
+    codename: str
+    description: str
+
+    @property
+    def permission(self) -> str:
+        return f"{APP}.{self.codename}"
+
+
+NODE_LOGIN = Grant("Node logins", "node_login", "Log in to the machines of clusters as root, with an SSH certificate")
+GRANTS = (NODE_LOGIN,)
 
 NO_ROLE = "Your account has no role yet: an Administrator gives you one on the Users page."
 
@@ -126,6 +149,9 @@ def groups_sync(*, using: str = "default") -> None:
         group, _ = Group.objects.db_manager(using).get_or_create(name=role.name)
         held = [own[lower] for lower in ROLES if lower.rank <= role.rank]
         group.permissions.set(list(permissions.all()) if role is ADMINISTRATOR else held)
+    for grant in GRANTS:  # exactly its permission: the role still decides (a Viewer in it logs in nowhere)
+        group, _ = Group.objects.db_manager(using).get_or_create(name=grant.group)
+        group.permissions.set([permissions.get(content_type__app_label=APP, codename=grant.codename)])
 
 
 def groups_sync_after_migrate(sender, *, using: str = "default", **kwargs) -> None:
@@ -152,6 +178,27 @@ def role_set(user, role: Role) -> None:
         user.is_staff = role is ADMINISTRATOR
         user.is_superuser = user.is_superuser and role is ADMINISTRATOR
         user.save(update_fields=["is_staff", "is_superuser"])
+    for cache in ("_perm_cache", "_user_perm_cache", "_group_perm_cache"):
+        user.__dict__.pop(cache, None)
+
+
+def node_logins_allowed(user) -> bool:
+    """Whether ``user`` holds ``console.node_login`` (an Administrator does through the role's group).
+    Not whether they may log in: a Viewer holding it may not (machines/ssh_rules.node_login_offer)."""
+    return user is not None and user.is_active and user.has_perm(NODE_LOGIN.permission)
+
+
+def node_logins_set(user, allowed: bool) -> None:
+    """Allow ``user`` node logins, or take them back, through the group "Node logins" (the audit trail
+    records the change as it records any group's). Who may do this (an Administrator) is the
+    caller's check, as for ``role_set``."""
+    from django.contrib.auth.models import Group
+
+    group = Group.objects.get(name=NODE_LOGIN.group)
+    if allowed:
+        user.groups.add(group)
+    else:
+        user.groups.remove(group)
     for cache in ("_perm_cache", "_user_perm_cache", "_group_perm_cache"):
         user.__dict__.pop(cache, None)
 

@@ -10,12 +10,16 @@ from deployments.models import Deployment, StoredModel
 from machines.versions import agent_outdated
 
 MODELS_AGENT = "0.4.0"  # the first agent with model place|list|remove|download and hub check
+COPIES_AGENT = "0.5.0"  # the first agent with copy start|stop|list
 
 ADD = Action("adding a model", OPERATOR)
 RETRY = Action("downloading a model again", OPERATOR)
 DELETE = Action("deleting a model", OPERATOR)
 COPY = Action("copying a model to a cluster's machines", OPERATOR)
 REMOVE = Action("removing a model's files from machines", OPERATOR)
+DEPLOY = Action("deploying models", OPERATOR)
+KEY_CREATE = Action("creating a gateway key", OPERATOR)
+KEY_REVOKE = Action("revoking a gateway key", OPERATOR)
 
 
 def model_actions(model: StoredModel, *, role: roles.Role | None) -> dict[str, Offer]:
@@ -34,7 +38,7 @@ def model_delete_refusal(model: StoredModel) -> str | None:
     """Why the model may not be deleted now, in words; None when it may."""
     if job := selectors.model_active_job(model):
         return f"{model} has a job running ({job.title}): wait for it to end."
-    users = list(Deployment.objects.filter(model_name__in=[model.repo, str(model)]).values_list("name", flat=True))
+    users = list(Deployment.objects.filter(model=model).values_list("name", flat=True))
     if users:
         return f"{model} is used by the deployment{'s' if len(users) > 1 else ''} {', '.join(users)}: delete them first."
     held = list(model.holdings.values_list("machine__name", flat=True))
@@ -52,3 +56,13 @@ def agents_refusal(cluster) -> str | None:
     names = ", ".join(f"{m.name} ({m.agent_version or 'unknown'})" for m in old)
     return (f"Models need agent {MODELS_AGENT} or newer on every machine; {names} run{'s' if len(old) == 1 else ''} an older "
             "one: select Update agent on its page first.")
+
+
+def copies_agents_refusal(cluster) -> str | None:
+    """Why copies cannot run on the cluster's machines yet (an agent older than COPIES_AGENT); None when they can."""
+    old = [m.machine for m in cluster.members.select_related("machine") if agent_outdated(m.machine.agent_version, COPIES_AGENT)]
+    if not old:
+        return None
+    names = ", ".join(f"{m.name} ({m.agent_version or 'unknown'})" for m in old)
+    return (f"Deployments need agent {COPIES_AGENT} or newer on every machine; {names} run{'s' if len(old) == 1 else ''} an "
+            "older one: select Update agent on its page first.")

@@ -9,15 +9,21 @@ class DeploymentsConfig(AppConfig):
         from clusters import hooks
         from console import live
         from console.jobs import job_kind_register
-        from deployments import copies, downloads, pages, sources
+        from deployments import copies, copy_health, downloads, pages, rooms, serving, sources
         from machines.cards import machine_card_register
 
         hooks.delete_blocker_register("deployments", deployments_refusal)
+        hooks.accelerators_held_register("copies", rooms.accelerators_held)
+        hooks.health_question_register(copy_health.QUESTION, copy_health.copies_ask)
+        hooks.health_extension_register("copies", copy_health.copies_checked)
         hooks.page_card_register("deployments", template="deployments/_cluster_models.html", context=cluster_models_card)
         hooks.page_card_register("model-source", template="deployments/_model_source.html", context=sources.model_source_card)
         machine_card_register("models", template="deployments/_machine_models.html", context=machine_models_card)
+        machine_card_register("copies", template="deployments/_machine_copies.html", context=machine_copies_card)
         live.register("models", pages.render_models_topic)
         live.register("model", pages.render_model_topic, takes=live.an_id)
+        live.register("deployments", pages.render_deployments_topic)
+        live.register("deployment", pages.render_deployment_topic, takes=live.an_id)
 
         # A download survives its worker: huggingface_hub's partial files let another one go on.
         job_kind_register(downloads.KIND, task="deployments.tasks.model_download", resumable=True,
@@ -25,6 +31,24 @@ class DeploymentsConfig(AppConfig):
         job_kind_register(copies.KIND, task="deployments.tasks.model_copy", resumable=True)
         job_kind_register(copies.REMOVE_KIND, task="deployments.tasks.model_remove")
         job_kind_register(sources.KIND, task="deployments.tasks.model_source_check")
+        # One apply job per deployment claims and starts copies; a new worker takes up a dead one's.
+        job_kind_register(serving.KIND, task="deployments.tasks.deployment_apply", resumable=True)
+        job_kind_register(serving.DELETE_KIND, task="deployments.tasks.deployment_delete", resumable=True)
+
+        hooks.cluster_stopping.connect(_cluster_stopping, dispatch_uid="deployments-stopping")
+        hooks.cluster_running.connect(_cluster_running, dispatch_uid="deployments-running")
+
+
+def _cluster_stopping(sender, cluster, deleting=False, **kwargs) -> None:
+    from deployments import serving
+
+    serving.cluster_stopping(cluster, deleting=deleting)
+
+
+def _cluster_running(sender, cluster, **kwargs) -> None:
+    from deployments import serving
+
+    serving.cluster_running(cluster)
 
 
 def deployments_refusal(cluster) -> str | None:
@@ -41,7 +65,9 @@ def cluster_models_card(cluster, role) -> dict:
     machines hold (copied ahead of a deployment, or for one)."""
     from deployments.selectors import models_on_cluster
 
-    deployments = list(cluster.deployments.all()[:20])
+    from deployments.selectors import deployments_list
+
+    deployments = deployments_list(cluster.deployments.all(), limit=20)
     return {"deployments": deployments, "held_models": models_on_cluster(cluster),
             "deployment_count": cluster.deployments.count() if len(deployments) == 20 else len(deployments)}
 
@@ -49,3 +75,10 @@ def cluster_models_card(cluster, role) -> dict:
 def machine_models_card(machine) -> dict:
     """A machine page's "Models in its store" card."""
     return {"machine_models": list(machine.model_holdings.select_related("model"))}
+
+
+def machine_copies_card(machine) -> dict:
+    """A machine page's "Copies of models on it" card."""
+    from deployments.selectors import machine_copies
+
+    return {"machine_copies": machine_copies(machine)}

@@ -14,3 +14,45 @@ MODEL_BADGE = {
     ModelState.FAILED: "red",
 }
 
+
+
+
+class CopyState(models.TextChoices):
+    """One copy of a deployment's model: an engine on the GPUs the placement gave it."""
+
+    QUEUED = "queued", "Queued"  # waiting for room (the reason says what is missing) or for its turn
+    COPYING = "copying", "Copying the model"  # the model's files travel to its machine(s)
+    STARTING = "starting", "Starting"  # the engine loads the model (its last log lines show)
+    SERVING = "serving", "Serving"  # the engine answers /health and lists the model
+    FAILED = "failed", "Failed"  # the engine's own words; the health checks restart it or place it elsewhere
+    STOPPING = "stopping", "Stopping"  # its engine is told to stop; its GPUs are free once it has
+    STOPPED = "stopped", "Stopped"  # with its cluster: started again when the cluster starts
+
+
+_C = CopyState
+COPY_TRANSITIONS: dict[str, frozenset[str]] = {
+    _C.QUEUED: frozenset({_C.COPYING, _C.STARTING, _C.STOPPING, _C.STOPPED}),
+    _C.COPYING: frozenset({_C.QUEUED, _C.STARTING, _C.FAILED, _C.STOPPING, _C.STOPPED}),
+    _C.STARTING: frozenset({_C.SERVING, _C.FAILED, _C.STOPPING, _C.STOPPED}),
+    _C.SERVING: frozenset({_C.STARTING, _C.FAILED, _C.STOPPING, _C.STOPPED}),
+    # A failed copy is started again where it is, or queued to be placed elsewhere when its machine is gone.
+    _C.FAILED: frozenset({_C.QUEUED, _C.COPYING, _C.STARTING, _C.STOPPING, _C.STOPPED}),
+    _C.STOPPING: frozenset({_C.STOPPED, _C.FAILED}),
+    _C.STOPPED: frozenset({_C.QUEUED, _C.STOPPING}),
+}
+
+# A copy in these states holds the GPUs, GPU memory and port its slots name (a failed one keeps them
+# until it is restarted there or placed elsewhere); the others hold nothing.
+HOLDS_ROOM = frozenset({_C.COPYING, _C.STARTING, _C.SERVING, _C.FAILED, _C.STOPPING})
+# The gateway sends requests to these.
+ROUTED = frozenset({_C.SERVING})
+
+COPY_BADGE = {
+    _C.QUEUED: "amber",
+    _C.COPYING: "blue",
+    _C.STARTING: "blue",
+    _C.SERVING: "green",
+    _C.FAILED: "red",
+    _C.STOPPING: "blue",
+    _C.STOPPED: "grey",
+}

@@ -20,10 +20,12 @@ from clusters.fanout import ProgressBoard, each, offline_reason, on_member, para
 from clusters.lifecycle import cluster_changed
 from clusters.models import Cluster, ClusterMember, Transfer
 from clusters.transfer import ServerFile, distribute
+from console import live
 from console.jobs import JobContext, JobError
 from console.huggingface import hf_token
 from deployments import downloads, hub, store
-from deployments.models import ModelHolding, StoredModel
+from deployments.models import Copy, Deployment, ModelHolding, StoredModel
+from deployments.models import ModelFile as StoredFile
 from machines.agent_client import Agent, AgentError, FileSpec, ModelFile, ModelSpec, PlacedModel
 
 KIND = "model.copy"
@@ -91,36 +93,59 @@ def model_copy_run(ctx: JobContext, *, cluster_id: int, model_id: int) -> None:
                    if cluster.state == ClusterState.RUNNING else cluster.members.select_related("machine"))
     if not members:
         raise JobError(f"{cluster.name} has no machine to copy {model} to.", kind="not_retryable")
+    failures = files_to_members(ctx, cluster, model, members)
+    ctx.on_success(lambda: cluster_changed(cluster))
+    if failures:
+        raise JobError("; ".join(failures.values()))
+    downloads.model_changed(model)
+
+
+def files_to_members(ctx: JobContext, cluster: Cluster, model: StoredModel, members: list[ClusterMember],
+                     *, steps: bool = True) -> dict[int, str]:
+    """The model's files onto ``members`` (room made, copied or downloaded, placed), with a bar per machine;
+    why each machine that did not get them did not, by member id (empty when all did)."""
     head = next((m for m in members if m.role == Role.HEAD), members[0])
     spec = model_spec(model)
 
-    ctx.step(ROOM)
+    if steps:
+        ctx.step(ROOM)
     freed = [line for line in each(members, lambda m: _make_room(m, model)) if line]
     ctx.detail("; ".join(freed) if freed else "Every machine has room")
 
-    board = ProgressBoard(cluster)
+    board = ProgressBoard(cluster, also_push=lambda: deployments_pushed(cluster, model))
     failed: dict[int, str] = {}  # why a machine did not get the files; its state in the cluster stays as it is
     with board:
         if cluster.model_source == ModelSource.MACHINES:
-            ctx.step(DOWNLOAD, hub.endpoint())
+            if steps:
+                ctx.step(DOWNLOAD, hub.endpoint())
             done = parallel(members, head, board, lambda m, b: _download(m, model, spec, b), tolerate_all=True,
                             fail_state=None, failed=failed)
         else:
-            ctx.step(COPY)
+            if steps:
+                ctx.step(COPY)
             done = distribute(ctx, cluster, members, head, board, lambda m: server_files(model, m),
                               receiving_state=None, failed=failed)
-    ctx.step(PLACE)
+    if steps:
+        ctx.step(PLACE)
     # A stopped cluster's machines serve nothing once the copy is done (a running one's serve the next joiner).
     stop_serving = cluster.state != ClusterState.RUNNING
-    failures = each(done, lambda m: _place(m, model, spec, stop_serving=stop_serving))
+
+    def place(member: ClusterMember) -> None:
+        if failure := _place(member, model, spec, stop_serving=stop_serving):
+            failed[member.pk] = failure
+
+    each(done, place)
     if stop_serving:
         each([m for m in members if m not in done], _serve_stop)
-    ctx.on_success(lambda: cluster_changed(cluster))
-    missed = [m for m in members if m.pk not in {d.pk for d in done}]
-    if failures or missed:
-        raise JobError("; ".join(failures + [failed.get(m.pk) or f"{m.machine.name} did not receive the files"
-                                             for m in missed]))
-    downloads.model_changed(model)
+    done_ids = {d.pk for d in done}
+    return {m.pk: failed.get(m.pk) or f"{m.machine.name} did not receive the files"
+            for m in members if m.pk not in done_ids or m.pk in failed}
+
+
+def deployments_pushed(cluster: Cluster, model: StoredModel) -> None:
+    """The pages of the deployments of the model on the cluster: their copies being copied show the same bars."""
+    for pk in Deployment.objects.filter(cluster=cluster, model=model).values_list("pk", flat=True):
+        live.push(f"deployment:{pk}")
 
 
 def _serve_stop(member: ClusterMember) -> str | None:
@@ -182,7 +207,11 @@ def _make_room(member: ClusterMember, model: StoredModel) -> str | None:
     if listed.free_bytes >= need:
         return None
     removed, free = [], listed.free_bytes
-    needed_by_copies = set()  # deployments add what their copies use
+    # The models of copies placed on this machine stay, whatever their state: they run, or will.
+    needed_by_copies = {(repo, commit) for slots, repo, commit in Copy.objects.filter(
+        deployment__cluster_id=member.cluster_id).exclude(slots=[]).values_list(
+        "slots", "deployment__model__repo", "deployment__model__commit")
+        if any(slot["machine"] == member.machine_id for slot in slots)}
     for held in listed.models:
         if free >= need:
             break
@@ -190,6 +219,8 @@ def _make_room(member: ClusterMember, model: StoredModel) -> str | None:
             continue
         free += on_member(member, lambda agent, h=held: agent.model_remove(repo=h.repo, revision=h.revision))
         removed.append(held.repo)
+        for gone in StoredModel.objects.filter(repo=held.repo, commit=held.revision):
+            files_forgotten(member.machine, gone)
         ModelHolding.objects.filter(machine=member.machine, model__repo=held.repo, model__commit=held.revision).delete()
     if free < need:
         raise JobError(f"{member.machine.name} has {store.gb(free)} free in its store; {model} needs {store.gb(need)}. "
@@ -198,6 +229,15 @@ def _make_room(member: ClusterMember, model: StoredModel) -> str | None:
 
 
 # -- removing a model's files from machines ------------------------------------------------------
+
+
+def files_forgotten(machine, model: StoredModel) -> None:
+    """The machine's agent removed the model (and the files no other model there uses): its transfers of
+    those files are forgotten too, so that the next copy sends them again instead of taking them as held."""
+    others = ModelHolding.objects.filter(machine=machine).exclude(model=model).values_list("model_id", flat=True)
+    still_used = set(StoredFile.objects.filter(model_id__in=list(others)).values_list("sha256", flat=True))
+    gone = set(model.files.values_list("sha256", flat=True)) - still_used
+    Transfer.objects.filter(member__machine=machine, digest__in=gone).delete()
 
 
 REMOVE_KIND = "model.remove"
@@ -217,6 +257,7 @@ def model_remove_run(ctx: JobContext, *, model_id: int, machine_ids: list[int]) 
         except AgentError as exc:
             failures.append(f"{holding.machine.name}: {exc.message}")
             continue
+        files_forgotten(holding.machine, model)
         holding.delete()
         ctx.log(f"{holding.machine.name}: {store.gb(freed)} freed")
     downloads.model_changed(model)

@@ -1,8 +1,10 @@
 """Models in the server's store, their files, where copies of the files are held; deployments."""
+from fractions import Fraction
+
 from django.db import models
 from django.urls import reverse
 
-from deployments.choices import MODEL_BADGE, ModelState
+from deployments.choices import COPY_BADGE, MODEL_BADGE, CopyState, ModelState
 
 
 class StoredModel(models.Model):
@@ -85,14 +87,130 @@ class ModelHolding(models.Model):
 
 
 class Deployment(models.Model):
-    name = models.CharField(max_length=63, unique=True)
+    """A model served on a cluster under the name clients use at the gateway, as a number of copies.
+
+    Every copy runs on one kind of GPU (vendor, model, memory) and one CPU architecture, with the same
+    share of GPUs, GPU memory per GPU, context length and engine options. Changing any of those (not
+    the number of copies) bumps ``generation``: copies of an older generation are replaced one at a time.
+    """
+
+    name = models.CharField(max_length=63, unique=True, help_text="The name clients use at the gateway")
     cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="deployments")
-    model_name = models.CharField(max_length=255, help_text="The model, as its hub names it")
-    copies = models.PositiveIntegerField(default=1)
+    model = models.ForeignKey(StoredModel, on_delete=models.PROTECT, related_name="deployments")
+    copies = models.PositiveIntegerField(default=1, help_text="How many copies are wanted")
+    gpu_quarters = models.PositiveIntegerField(default=4, help_text="GPUs per copy, in quarters of a GPU: 4 is one GPU")
+    gpu_vendor = models.CharField(max_length=16)
+    gpu_model = models.CharField(max_length=128)
+    gpu_memory_mib = models.PositiveBigIntegerField(help_text="Each GPU's memory: with vendor and model, the GPU's kind")
+    arch = models.CharField(max_length=32, help_text="The CPU architecture its copies run on")
+    memory_per_gpu_mib = models.PositiveBigIntegerField(help_text="The GPU memory a copy may use on each of its GPUs")
+    context_length = models.PositiveIntegerField(help_text="The longest request and answer, in tokens")
+    engine_options = models.JSONField(default=list, blank=True, help_text="More options for the engine, as its flags")
+    generation = models.PositiveIntegerField(default=1)
+    deleting_since = models.DateTimeField(null=True, blank=True, help_text="Delete was asked: its copies stop, then it goes")
+    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    def get_absolute_url(self) -> str:
+        return reverse("deployments:detail", args=[self.pk])
+
+    @property
+    def gpus(self) -> Fraction:
+        """GPUs per copy: 1/4, 1/2, 1, 2, 4, ..."""
+        return Fraction(self.gpu_quarters, 4)
+
+    @property
+    def gpus_label(self) -> str:
+        gpus = self.gpus
+        return {Fraction(1, 4): "a quarter of a GPU", Fraction(1, 2): "half a GPU"}.get(
+            gpus, f"{int(gpus)} GPU{'s' if gpus != 1 else ''}")
+
+    @property
+    def kind_label(self) -> str:
+        from machines.models import short_model
+
+        return f"{short_model(self.gpu_model)} ({self.arch})"
+
+
+class Copy(models.Model):
+    """One copy of a deployment: an engine on the GPUs of one machine, or of several of one kind.
+
+    ``slots`` is what placement gave it, one per machine: ``[{"machine": id, "gpus": [0, 1],
+    "quarters": 4, "port": 8100}]``; the engine starts on the first slot's machine (``machine``), at
+    ``address``:``port`` on the cluster's network.
+    """
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="copy_rows")
+    number = models.PositiveIntegerField(help_text="Its number within the deployment, from 1")
+    generation = models.PositiveIntegerField(default=1)
+    state = models.CharField(max_length=16, choices=CopyState.choices, default=CopyState.QUEUED)
+    state_reason = models.TextField(blank=True)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+    machine = models.ForeignKey("machines.Machine", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="model_copies", help_text="Where its engine runs")
+    slots = models.JSONField(default=list, blank=True)
+    address = models.GenericIPAddressField(null=True, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    pid = models.PositiveIntegerField(null=True, blank=True, help_text="The engine's process, as its machine reports it")
+    log_tail = models.TextField(blank=True, help_text="The engine's last lines while it starts or after it failed")
+    restarts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    serving_since = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["deployment", "number"]
+        constraints = [models.UniqueConstraint(fields=["deployment", "number"], name="copy_number_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.deployment.name} #{self.number}"
+
+    @property
+    def key(self) -> str:
+        """The copy's name on its machine (the agent's copy id)."""
+        return f"d{self.deployment_id}-c{self.number}"
+
+    @property
+    def badge(self) -> str:
+        return COPY_BADGE.get(self.state, "grey")
+
+    @property
+    def url(self) -> str | None:
+        return f"http://{self.address}:{self.port}" if self.address and self.port else None
+
+
+class GatewayKey(models.Model):
+    """A key clients give the gateway (``Authorization: Bearer fs-...``), stored as its sha256 only.
+
+    The secret is shown once, to whoever created it; ``prefix`` is what lists show of it. A key may be
+    limited to some deployments by the names clients use (``deployments``; empty: every one). A revoked
+    key stays listed, for the record, and the gateway refuses it within a second.
+    """
+
+    name = models.CharField(max_length=100, help_text="What the key is for: a team, an application")
+    prefix = models.CharField(max_length=16, help_text="The key's first characters, as lists show it")
+    key_hash = models.CharField(max_length=64, unique=True, help_text="The hex sha256 of the secret")
+    deployments = models.JSONField(default=list, blank=True,
+                                   help_text="The deployment names it may use; empty: every one")
+    created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, help_text="Written by the gateway, at most once a minute")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        indexes = [models.Index(fields=["revoked_at"], name="gateway_key_revoked")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None

@@ -5,7 +5,7 @@ from clusters.lifecycle import cluster_changed
 
 from console.jobs import job_run
 from console.models import Job
-from deployments import copies, downloads, sources
+from deployments import copies, copy_health, downloads, rollout, serving, sources
 
 
 @shared_task(acks_late=True)
@@ -41,3 +41,30 @@ def model_source_check(job_id: int) -> None:
     job = Job.objects.get(pk=job_id)
     job_run(job_id, lambda ctx: sources.model_source_check_run(ctx, cluster_id=job.target_id, switch=bool(job.params.get("switch"))),
             on_change=lambda j: cluster_changed(j.target_id))
+
+
+@shared_task(acks_late=True)
+def deployment_apply(job_id: int) -> None:
+    """A deployment's copies brought to what is wanted: files, engines, Serving."""
+    job = Job.objects.get(pk=job_id)
+    job_run(job_id, lambda ctx: rollout.apply_run(ctx, deployment_id=job.target_id),
+            on_change=lambda j: serving.deployment_changed(j.target_id))
+
+
+@shared_task(acks_late=True)
+def deployment_delete(job_id: int) -> None:
+    job = Job.objects.get(pk=job_id)
+    job_run(job_id, lambda ctx: serving.delete_run(ctx, deployment_id=job.target_id),
+            on_change=lambda j: serving.deployment_changed(j.target_id))
+
+
+@shared_task(acks_late=True)
+def copy_look(copy_id: int, look: int, unwell_since: float | None) -> str:
+    """A look at one copy (a later look restarts it if it is still unwell)."""
+    return copy_health.copy_look(copy_id, look=look, unwell_since=unwell_since)
+
+
+@shared_task
+def gateway_failures() -> int:
+    """Take the gateway's reports of copies it could not reach; each is looked at twice, then restarted."""
+    return copy_health.gateway_failures()

@@ -162,6 +162,25 @@ class HubCheck:
     seconds: float
 
 
+@dataclass(frozen=True)
+class CopyStatus:
+    """A copy of a model as its machine's agent sees it: its engine's process and whether it answers."""
+
+    copy: str
+    running: bool
+    healthy: bool
+    pid: int | None
+    port: int | None
+    log_tail: str  # the engine's last lines (its own words when it failed)
+
+
+def _copy_status(raw: dict) -> CopyStatus:
+    lines = raw.get("log_tail") or raw.get("log") or ""
+    return CopyStatus(copy=str(raw.get("copy") or ""), running=bool(raw.get("running")), healthy=bool(raw.get("healthy")),
+                      pid=raw.get("pid"), port=raw.get("port"),
+                      log_tail="\n".join(lines) if isinstance(lines, list) else str(lines))
+
+
 def _placed(raw: dict) -> PlacedModel:
     return PlacedModel(repo=str(raw.get("repo", "")), revision=str(raw.get("revision", "")), path=str(raw.get("path", "")),
                        bytes=int(raw.get("bytes") or 0), files=int(raw.get("files") or 0),
@@ -283,6 +302,30 @@ class Agent:
         return HubCheck(ok=bool(result.get("ok")), status=int(result.get("status") or 0),
                         seconds=float(result.get("seconds") or 0.0))
 
+    # -- copies of models: the engine inside the runtime container, on the GPUs placement gave it ----
+
+    def copy_start(self, *, copy: str, cluster: str, env: dict[str, str], address: str, argv: list[str] | None = None,
+                   port: int | None = None, ray: dict | None = None) -> CopyStatus:
+        """Start a copy's engine (detached: it outlives this connection and the console's processes), or with
+        ``ray`` (``{"head": None | "addr:port", "gpus": N}``) a node of a spanning copy's own Ray, whose
+        ``port`` in the answer is its head's GCS port. The whole spec goes on stdin; starting a copy that
+        already runs with the same spec is harmless."""
+        body = {"copy": copy, "cluster": cluster, "env": env, "address": address}
+        body |= {"ray": ray} if ray is not None else {"argv": argv, "port": port}
+        return _copy_status(self._call("copy", "start", stdin=json.dumps(body).encode(), timeout=120))
+
+    def copy_stop(self, copy: str, *, timeout: int = 30) -> None:
+        """Stop a copy's engine (SIGTERM, then SIGKILL); stopping one that is not running succeeds."""
+        self._call("copy", "stop", "--copy", copy, "--timeout", str(timeout), timeout=timeout + 60)
+
+    def copy_logs(self, copy: str, *, lines: int = 50) -> list[str]:
+        """The last lines of a copy's engine log on this machine."""
+        return list(self._call("copy", "logs", "--copy", copy, "--lines", str(lines), timeout=60).get("lines") or [])
+
+    def copy_list(self) -> list[CopyStatus]:
+        """Every copy the machine runs or ran, with whether its engine answers its health endpoint."""
+        return [_copy_status(raw) for raw in self._call("copy", "list", timeout=60).get("copies") or []]
+
     # -- the runtime ----------------------------------------------------------------------------
 
     def image_load(self, digest: str, *, driver: str, abort: Abort | None = None) -> None:
@@ -304,11 +347,15 @@ class Agent:
 
     # -- Ray ------------------------------------------------------------------------------------
 
-    def ray_start_head(self, *, address: str, port: int, gpus: int) -> None:
-        self._call("ray", "start-head", "--address", address, "--port", str(port), "--num-gpus", str(gpus), timeout=180)
+    def ray_start_head(self, *, address: str, port: int, gpus: int) -> RayStatus:
+        """Start Ray's head; Ray's node list as it was once the head read alive."""
+        return _ray_status(self._call("ray", "start-head", "--address", address, "--port", str(port), "--num-gpus", str(gpus),
+                                      timeout=180))
 
-    def ray_join(self, *, head: str, address: str, gpus: int, abort: Abort | None = None) -> None:
-        self._call("ray", "join", "--head", head, "--address", address, "--num-gpus", str(gpus), timeout=180, abort=abort)
+    def ray_join(self, *, head: str, address: str, gpus: int, abort: Abort | None = None) -> RayStatus:
+        """Join the head's cluster; Ray's node list as it was once this machine read alive."""
+        return _ray_status(self._call("ray", "join", "--head", head, "--address", address, "--num-gpus", str(gpus), timeout=180,
+                                      abort=abort))
 
     def ray_status(self, *, head: str, timeout: float = 60) -> RayStatus:
         return _ray_status(self._call("ray", "status", "--head", head, timeout=timeout))

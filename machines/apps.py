@@ -9,7 +9,7 @@ class MachinesConfig(AppConfig):
         from console import dashboard, live
         from console.jobs import job_kind_register
         from console.pruning import register_pruner
-        from machines import services, views
+        from machines import services, ssh_certificates, views
 
         live.register("machines", views.render_machines_topic, may_see=views.may_see_machines_topic,
                       takes=live.one_of("", "summary"))
@@ -33,3 +33,4 @@ class MachinesConfig(AppConfig):
         job_kind_register(services.REFRESH_KIND, task="machines.tasks.machine_enrol")
         job_kind_register(services.UPDATE_AGENT_KIND, task="machines.tasks.machine_update_agent")
         register_pruner("machine events", services.machine_events_prune, keep_days_setting="FADEN_KEEP_EVENTS_DAYS")
+        register_pruner("ssh certificates", ssh_certificates.certificates_prune, keep_days_setting="FADEN_KEEP_CERTIFICATES_DAYS")

@@ -3,11 +3,12 @@ import functools
 import re
 from collections import Counter
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.urls import reverse
 
-from machines import runtimes, validators
+from machines import runtimes, ssh_ca, ssh_rules, validators
 from machines.agent import agent_version
 from machines.choices import AGENT_PENDING, MACHINE_BADGE, EventKind, InterfaceKind, MachineState, RuntimeChoice
 from machines.versions import agent_outdated
@@ -193,3 +194,58 @@ class MachineEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.machine.name}: {self.message}"
+
+
+class UserPublicKey(models.Model):
+    """A public key a person keeps on their profile: the console signs certificates for it
+    (docs/ssh-certificates.md). Validated in ``clean`` (``full_clean`` before every save): one
+    accepted OpenSSH public key line (machines/ssh_rules.py), stored as that line, with its fingerprint."""
+
+    user = models.ForeignKey("auth.User", on_delete=models.CASCADE, related_name="ssh_public_keys")
+    name = models.CharField(max_length=100, help_text="What its owner calls it: laptop")
+    key = models.TextField(help_text="One OpenSSH public key line: ssh-ed25519 AAAA... you@laptop")
+    fingerprint = models.CharField(max_length=100, editable=False, help_text="SHA256:..., as ssh-keygen -l prints it")
+    added_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["user", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "name"], name="user_public_key_name_unique",
+                                    violation_error_message="You have a key of this name already: give this one another."),
+            models.UniqueConstraint(fields=["user", "fingerprint"], name="user_public_key_unique",
+                                    violation_error_message="You have added this key already, under another name."),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.fingerprint})"
+
+    def clean(self) -> None:
+        self.name = (self.name or "").strip()
+        try:
+            parsed = ssh_rules.public_key_parse(self.key, ca_fingerprint=ssh_ca.ca_fingerprint(create=False))
+        except ssh_rules.PublicKeyRefused as refused:
+            raise ValidationError({"key": refused.message}) from None
+        self.key = parsed.line
+        self.fingerprint = parsed.fingerprint
+
+
+class SSHCertificate(models.Model):
+    """One certificate the console's SSH certificate authority signed: who for, which key, what for,
+    how long. Its id is the certificate's serial, and ids never repeat (PostgreSQL's sequence,
+    SQLite's AUTOINCREMENT), so no two certificates share a serial, even once old rows are pruned."""
+
+    user = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    username = models.CharField(max_length=150, help_text="As it was when signed")
+    key_id = models.CharField(max_length=300, blank=True, help_text="fadenstack:<user>:<cluster>:<serial>, as sshd logs it")
+    public_key_fingerprint = models.CharField(max_length=100)
+    principals = models.JSONField(default=list, blank=True)
+    valid_after = models.DateTimeField(null=True, blank=True)
+    valid_before = models.DateTimeField(null=True, blank=True)
+    signed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["signed_at"])]  # pruning by age
+
+    def __str__(self) -> str:
+        return self.key_id or f"certificate {self.pk}"

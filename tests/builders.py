@@ -39,3 +39,24 @@ def cluster_of(machines, *, state=ClusterState.RUNNING, name="gpu-room", runtime
             accelerators_in_ray=8 if state == ClusterState.RUNNING else 0,
         )
     return cluster
+
+
+def ready_model(repo: str = "org/chat", *, weight_bytes: int = 16 * 2**30, context_length: int = 8192, **fields):
+    """A model whose files are all in the server's store, with the facts its files gave."""
+    from deployments.choices import ModelState
+    from deployments.models import StoredModel
+
+    facts = {"architecture": "LlamaForCausalLM", "weight_bytes": weight_bytes, "context_length": context_length,
+             "dtype": "bfloat16"}
+    return StoredModel.objects.create(repo=repo, commit="c" * 40, state=ModelState.READY, bytes_total=weight_bytes,
+                                      bytes_done=weight_bytes, facts=facts, **fields)
+
+
+def deployment_of(cluster, model=None, *, name: str = "llama", copies: int = 1, gpu_quarters: int = 4, **fields):
+    """A deployment written straight to the database (no copies), on H100s of x86_64 machines."""
+    from deployments.models import Deployment
+
+    return Deployment.objects.create(
+        name=name, cluster=cluster, model=model or ready_model(), copies=copies, gpu_quarters=gpu_quarters,
+        gpu_vendor="nvidia", gpu_model="NVIDIA H100 80GB HBM3", gpu_memory_mib=81559, arch="x86_64",
+        memory_per_gpu_mib=40 * 1024, context_length=8192, **fields)

@@ -3,10 +3,12 @@
 ``FakeAgents(answers)`` replaces ``Agent.open``: each machine's agent answers
 from ``answers[machine name]``, a dict shaped like the agent's own results
 (``runtime``: what ``runtime status`` returns, ``ray``: what ``ray status``
-returns), or fails with ``error`` (the SSH session) or ``ray_error`` (Ray on
-the head). Every call is recorded as ``(machine name, method, kwargs)``.
+returns; ``ray_started``: the node list a ``ray start-head`` or ``ray join`` returns), or fails with
+``error`` (the SSH session) or ``ray_error`` (Ray on the head). Every call is recorded as ``(machine name, method, kwargs)``.
 Models placed or downloaded stay on their machine (``FakeAgents.models``) until removed;
 ``model_error`` / ``hub_error`` make those commands fail (``(kind, message)``).
+Copies of models started on a machine run (``FakeAgents.copies``) until stopped; ``copy_error`` fails a
+start, ``copy_exited`` ({copy id or "*": last lines}) makes a copy's engine read as exited.
 """
 from __future__ import annotations
 
@@ -34,6 +36,17 @@ class FakeAgent:
         if "ray" not in answer:
             raise AgentError(answer.get("ray_error", "Ray is not running here."), kind=AgentErrorKind.RETRYABLE)
         return agent_client._ray_status(answer["ray"])
+
+    def _ray_started(self, method: str, **kwargs):
+        """Ray's node list as a start or a join returns it: ``ray_started`` in the machine's answers, else none."""
+        answer = self._answer(method, **kwargs)
+        return agent_client._ray_status(answer.get("ray_started") or {})
+
+    def ray_start_head(self, **kwargs):
+        return self._ray_started("ray_start_head", **kwargs)
+
+    def ray_join(self, **kwargs):
+        return self._ray_started("ray_join", **kwargs)
 
     def console_url(self) -> str:
         self._answer("console_url")
@@ -89,6 +102,37 @@ class FakeAgent:
         self._fail("hub_error")
         return agent_client.HubCheck(ok=True, status=200, seconds=0.05)
 
+    def _copies(self) -> dict:
+        return self._fakes.copies.setdefault(self.machine.name, {})
+
+    def copy_start(self, *, copy: str, cluster: str, env, address: str, argv=None, port: int | None = None,
+                   ray: dict | None = None) -> agent_client.CopyStatus:
+        """The engine starts (a new pid each time), or with ``ray`` a node of the copy's own Ray (a head
+        answers its GCS port); ``copy_error`` fails the start."""
+        self._answer("copy_start", copy=copy, cluster=cluster, argv=argv, env=env, port=port, address=address, ray=ray)
+        self._fail("copy_error")
+        self._fakes.answers.get(self.machine.name, {}).get("copy_exited", {}).pop(copy, None)  # a new engine
+        self._fakes.answers.get(self.machine.name, {}).get("copy_silent", set()).discard(copy)
+        self._fakes.pids += 1
+        if ray is not None and ray.get("head") is None:
+            port = 40000 + self._fakes.pids
+        self._copies()[copy] = {"pid": self._fakes.pids, "port": port, "argv": argv, "env": env, "ray": ray}
+        return agent_client.CopyStatus(copy=copy, running=True, healthy=False, pid=self._fakes.pids, port=port, log_tail="")
+
+    def copy_stop(self, copy: str, **kwargs) -> None:
+        self._answer("copy_stop", copy=copy)
+        self._copies().pop(copy, None)
+
+    def copy_list(self) -> list[agent_client.CopyStatus]:
+        """Each copy answers its health, unless ``copy_exited`` names it (then it exited with those words)
+        or ``copy_silent`` does (it runs, but its health check goes unanswered)."""
+        answer = self._answer("copy_list")
+        exited = answer.get("copy_exited", {})  # {copy id or "*": its last lines}
+        silent = answer.get("copy_silent", set())
+        return [agent_client.CopyStatus(copy=key, running=not words, healthy=not words and key not in silent,
+                                        pid=c["pid"], port=c["port"], log_tail=words)
+                for key, c in self._copies().items() for words in [exited.get(key) or exited.get("*") or ""]]
+
     def __getattr__(self, method: str):
         # Commands that only act (start, stop, join, ...) succeed and are recorded.
         return lambda *args, **kwargs: self._answer(method, **kwargs) and None
@@ -99,6 +143,8 @@ class FakeAgents:
         self.answers = answers if answers is not None else {}
         self.calls: list[tuple[str, str, dict]] = []
         self.models: dict[str, dict] = {}  # machine name -> {(repo, revision): PlacedModel}
+        self.copies: dict[str, dict] = {}  # machine name -> {copy id: {"pid", "port", "argv", "env"}}
+        self.pids = 1000
         self.on_ray_status = None  # called whenever Ray's node list is asked for (to look at the database then)
 
     @contextmanager

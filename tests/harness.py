@@ -7,6 +7,10 @@ Django must be set up before these functions are called (pytest-django does; a b
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,15 +24,16 @@ IMAGE_MIB = 48  # big enough to cut in the middle, small enough for CI
 # Every interval shortened, so that a minute of the product is seconds here.
 INTERVALS = {
     "FADEN_HEALTH_INTERVAL": "4",
-    "FADEN_HEALTH_LOOK_AGAIN": "3",
-    "FADEN_RESTART_PAUSE": "2",
+    "FADEN_HEALTH_LOOK_AGAIN": "2",
+    "FADEN_RESTART_PAUSE": "1",  # then 2 s before the third restart
     "FADEN_FAILED_RETRY": "3600",  # the test powers the head on instead of waiting for the 15-minute retry
     "FADEN_RETRY_TICK": "2",
-    "FADEN_JOB_BEAT": "2",
-    "FADEN_JOB_STALE": "8",
-    "FADEN_JOB_REAP_TICK": "3",
-    "FADEN_HEARTBEAT_INTERVAL": "3",
-    "FADEN_OFFLINE_AFTER": "10",
+    "FADEN_JOB_BEAT": "1",
+    "FADEN_JOB_STALE": "5",  # five beats missed: a worker killed is replaced within seconds
+    "FADEN_JOB_REAP_TICK": "2",
+    "FADEN_HEARTBEAT_INTERVAL": "2",
+    "FADEN_OFFLINE_AFTER": "6",  # three beats missed, as the modules without beat of their own use
+    "FADEN_OFFLINE_TICK": "2",
     "FADEN_SSH_CONNECT_TIMEOUT": "5",  # a powered-off machine is given up on in 5 s, not 10
 }
 
@@ -45,8 +50,25 @@ def console_lab(state_dir: str | Path | None = None) -> Lab:
 
 def wait_for(condition: Callable[[], T], *, timeout: float, what: str, every: float = 0.5) -> T:
     """Poll the database until ``condition`` holds and return its value; the failure tells what the
-    clusters, their members and the latest jobs were meanwhile."""
-    return wait_until(condition, timeout=timeout, what=what, every=every, meanwhile=what_happened)
+    clusters, their members and the latest jobs were meanwhile. With FADEN_TEST_WAITS set, each wait's
+    length goes to stderr (run with -s to see where a lab test spends its time)."""
+    started = time.monotonic()
+    try:
+        return wait_until(condition, timeout=timeout, what=what, every=every, meanwhile=what_happened)
+    finally:
+        if os.environ.get("FADEN_TEST_WAITS"):
+            print(f"waited {time.monotonic() - started:6.1f} s for {what}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """A part of a long lab test; with FADEN_TEST_WAITS set its length goes to stderr, as the waits' do."""
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        if os.environ.get("FADEN_TEST_WAITS"):
+            print(f"phase  {time.monotonic() - started:6.1f} s: {name}", file=sys.stderr, flush=True)
 
 
 def what_happened() -> str:

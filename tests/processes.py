@@ -42,6 +42,9 @@ def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 30) -> 
     pytest.fail(f"the web server did not listen on {port} within {timeout} s")
 
 
+STOP_GRACE = 5.0  # seconds the console's processes are given to end at the end of their tests
+
+
 class Console:
     """The processes, and the worker's controls: a test may kill the worker and start another."""
 
@@ -50,6 +53,9 @@ class Console:
         self.url = f"http://127.0.0.1:{port}"
         self.processes: list[subprocess.Popen] = []
         self.worker: subprocess.Popen | None = None
+        self.web = self.beat = self.gateway = None
+        self.gateway_port: int | None = None
+        self.gateway_url = ""
 
     def spawn(self, argv: list[str]) -> subprocess.Popen:
         process = subprocess.Popen([sys.executable, *argv], env=self.env)
@@ -67,27 +73,58 @@ class Console:
             if self.worker.poll() is not None or time.monotonic() > deadline:
                 pytest.fail("the Celery worker did not start")
 
+    def start_beat(self) -> None:
+        schedule = os.path.join(tempfile.mkdtemp(prefix="fadenstack-beat-"), "schedule")
+        self.beat = self.spawn(["-m", "celery", "-A", "config", "beat", "-l", "WARNING", "-s", schedule])
+
+    def start_gateway(self) -> None:
+        from console.management.commands.serve import gateway_argv
+
+        port = self.gateway_port or free_port()
+        self.gateway = self.spawn(gateway_argv(sys.executable, bind="127.0.0.1", port=port, workers=1)[1:])
+        self.gateway_port, self.gateway_url = port, f"http://127.0.0.1:{port}"
+        wait_for_port(port, self.gateway)
+
+    def start_web(self) -> None:
+        self.web = self.spawn(["-m", "daphne", "-v", "0", "-b", "0.0.0.0", "-p", str(self.port), "config.asgi:application"])
+        wait_for_port(self.port, self.web)
+
+    def restart(self, *names: str) -> None:
+        """Stop these processes (web, worker, beat, gateway) as a restart would (SIGTERM), then start them again."""
+        for name in names:
+            process = getattr(self, name)
+            process.terminate()
+            process.wait(timeout=30)
+            {"web": self.start_web, "worker": self.start_worker, "beat": self.start_beat, "gateway": self.start_gateway}[name]()
+
     def kill_worker(self) -> None:
         """As a crash would: SIGKILL, no warm shutdown, its tasks unacknowledged."""
         self.worker.send_signal(signal.SIGKILL)
         self.worker.wait(timeout=10)
 
     def stop(self) -> None:
+        """At the end of its tests: SIGTERM, and SIGKILL for what has not ended within STOP_GRACE s (a
+        worker's warm shutdown would wait for its tasks, a health check's SSH included; nobody reads
+        their results any more)."""
         for process in self.processes:
             if process.poll() is None:
                 process.terminate()
+        deadline = time.monotonic() + STOP_GRACE
         for process in self.processes:
             try:
-                process.wait(timeout=20)
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait(timeout=10)
 
 
 @contextlib.contextmanager
-def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: bool = False, worker: bool = True):
+def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: bool = False, worker: bool = True,
+                      gateway: bool = False):
     """Daphne on every address (the lab's machines post heartbeats to it), one worker on a queue of
-    its own (unless ``worker`` is false), and beat when asked. With ``enqueue`` the test process sends
-    its tasks to that worker instead of running them eagerly."""
+    its own (unless ``worker`` is false), and beat and the gateway when asked (the gateway on loopback,
+    at ``gateway_url``). With ``enqueue`` the test process sends its tasks to that worker instead of
+    running them eagerly."""
     from django.conf import settings
 
     from config.celery import app
@@ -111,13 +148,13 @@ def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: b
     if enqueue:
         app.conf.task_always_eager, app.conf.task_default_queue = False, queue
     try:
-        web = console.spawn(["-m", "daphne", "-v", "0", "-b", "0.0.0.0", "-p", str(port), "config.asgi:application"])
-        wait_for_port(port, web)
+        console.start_web()
         if worker:
             console.start_worker()
         if beat:
-            schedule = os.path.join(tempfile.mkdtemp(prefix="fadenstack-beat-"), "schedule")
-            console.spawn(["-m", "celery", "-A", "config", "beat", "-l", "WARNING", "-s", schedule])
+            console.start_beat()
+        if gateway:
+            console.start_gateway()
         yield console
     finally:
         app.conf.task_always_eager, app.conf.task_default_queue = eager, default_queue

@@ -9,6 +9,8 @@ os.environ.setdefault("FADEN_CELERY_EAGER", "1")
 # those of the other test worker and of any other console on the same Redis: a page of the browser
 # tests must not receive the rows of the lab worker's machines.
 os.environ.setdefault("FADEN_LIVE_PREFIX", f"fadenstack-test-{uuid.uuid4().hex[:8]}.live")
+# The gateway's figures and failure reports likewise: a run's gateway and console read only their own.
+os.environ.setdefault("FADEN_GATEWAY_REDIS_PREFIX", f"fadenstack-test-{uuid.uuid4().hex[:8]}.gateway")
 
 from config.settings import *  # noqa: E402,F403
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from django.conf import settings
 from django.db import connections
 
 from clusters import planning
@@ -15,7 +16,6 @@ from machines.agent_client import Agent, AgentError, AgentErrorKind
 from machines.models import Machine
 
 PROBE_PORT = 7471
-PROBE_SECONDS = 3
 
 
 def network_probe_run(ctx: JobContext) -> None:
@@ -47,7 +47,7 @@ def _measure(subnet: str, head: Machine, target: Machine, head_address: str, tar
         def serve() -> None:
             try:
                 with Agent.open(target) as agent:
-                    agent.probe_serve(bind=target_address, port=PROBE_PORT, seconds=PROBE_SECONDS)
+                    agent.probe_serve(bind=target_address, port=PROBE_PORT, seconds=settings.FADEN_PROBE_SECONDS)
             except AgentError as exc:
                 server_error.append(exc.message)
             finally:
@@ -80,7 +80,7 @@ def _send_when_listening(agent: Agent, target_address: str) -> float:
     last: AgentError | None = None
     for _ in range(20):
         try:
-            return agent.probe_send(to=target_address, port=PROBE_PORT, seconds=PROBE_SECONDS)
+            return agent.probe_send(to=target_address, port=PROBE_PORT, seconds=settings.FADEN_PROBE_SECONDS)
         except AgentError as exc:
             if exc.kind != AgentErrorKind.UNREACHABLE:
                 raise

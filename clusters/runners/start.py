@@ -20,9 +20,14 @@ from clusters.selectors import cluster_members
 from clusters.transfer import distribute
 from console.jobs import JobCancelled, JobContext, JobError
 from machines.agent import agent_version
+from machines.agent_client import RayStatus
 from machines.choices import MachineState
 
 
+# The cluster's Ray offers no GPUs: the console's placement is the only allocator of them (each copy is
+# started with exactly the GPUs its plan gave it), so Ray can never hand a copy's GPUs to a task of its own.
+# A copy that spans machines runs a Ray of its own with only its GPUs (deployments/copy_procs.py).
+RAY_GPUS = 0
 RAY_LIST_TRIES, RAY_LIST_PAUSE = 5, 2.0  # how long the head's node list is given to show machines that joined
 
 
@@ -65,15 +70,17 @@ def _start(ctx: JobContext, cluster: Cluster, *, restart: bool) -> None:
     # Machines that dropped out in an earlier run of this job stay out of it.
     failed = set(ClusterMember.objects.filter(cluster=cluster, state=MemberState.FAILED).values_list("pk", flat=True))
     usable = [m for m in usable if m.pk not in failed or m.pk == head.pk]
+    seen: list[RayStatus] = []  # Ray's node lists as the head's start and each join returned them
     if steps.START_HEAD.begin(ctx, f"{head.machine.name} at {head.address}:{cluster.ray_port}"):
         member_transition(head, to=MemberState.RAY)
-        on_member(head, lambda agent: agent.ray_start_head(address=head.address, port=cluster.ray_port,
-                                                           gpus=len(head.machine.accelerators.all())))
+        seen.append(on_member(head, lambda agent: agent.ray_start_head(address=head.address, port=cluster.ray_port,
+                                                                       gpus=RAY_GPUS)))
     workers = [m for m in usable if m.role != Role.HEAD]
     with ProgressBoard(cluster) as board:
-        _stage(ctx, steps.JOIN_OTHERS, workers, head, board, lambda m, b: _join(m, b, head, cluster), detail=f"{len(workers)} machine(s)")
+        _stage(ctx, steps.JOIN_OTHERS, workers, head, board, lambda m, b: _join(m, b, head, cluster, seen),
+               detail=f"{len(workers)} machine(s)")
     steps.CHECK_RAY.always(ctx)
-    joined = _check_with_ray(cluster, head, members)
+    joined = _check_with_ray(cluster, head, members, seen)
     ctx.detail(f"{len(joined)} of {len(members)} machines up, {sum(m.accelerators_in_ray for m in joined)} accelerators")
     # Running is written with the job's end, so that the moment the page reads Running nothing is busy.
     ctx.on_success(lambda: _running(cluster, reason=_left_out(members, joined)))
@@ -132,9 +139,10 @@ def cluster_add_run(ctx: JobContext, *, cluster_id: int) -> None:
             if steps.GET_IMAGE.begin(ctx):
                 new = distribute(ctx, cluster, [*holders, *new], head, board, images.runtime_files, joining={m.pk for m in new})
             new = _stage(ctx, steps.LOAD_IMAGE, new, head, board, _load_and_start_runtime, tolerate_all=True)
-            new = _stage(ctx, steps.JOIN_RAY, new, head, board, lambda m, b: _join(m, b, head, cluster), tolerate_all=True)
+            seen: list[RayStatus] = []
+            new = _stage(ctx, steps.JOIN_RAY, new, head, board, lambda m, b: _join(m, b, head, cluster, seen), tolerate_all=True)
         steps.CHECK_RAY.always(ctx)
-        joined = _check_with_ray(cluster, head, [m for m in cluster_members(cluster) if m.pk in wanted])
+        joined = _check_with_ray(cluster, head, [m for m in cluster_members(cluster) if m.pk in wanted], seen)
     except JobError as exc:
         members_transition(ClusterMember.objects.filter(pk__in=wanted), to=MemberState.FAILED, reason=exc.message,
                            only_from=[s for s in MemberState if s not in (MemberState.JOINED, MemberState.FAILED)])
@@ -158,9 +166,10 @@ def cluster_rejoin_run(ctx: JobContext, *, cluster_id: int) -> None:
         again = _stage(ctx, steps.TAKE_OUT, again, head, board, _stop_ray, tolerate_all=True,
                        detail=", ".join(m.machine.name for m in again))
         again = _stage(ctx, steps.START_RUNTIME, again, head, board, _load_and_start_runtime, tolerate_all=True)
-        again = _stage(ctx, steps.JOIN_RAY, again, head, board, lambda m, b: _join(m, b, head, cluster), tolerate_all=True)
+        seen: list[RayStatus] = []
+        again = _stage(ctx, steps.JOIN_RAY, again, head, board, lambda m, b: _join(m, b, head, cluster, seen), tolerate_all=True)
     steps.CHECK_RAY.always(ctx)
-    joined = _check_with_ray(cluster, head, [m for m in cluster_members(cluster) if m.pk in wanted])
+    joined = _check_with_ray(cluster, head, [m for m in cluster_members(cluster) if m.pk in wanted], seen)
     with transaction.atomic():
         cluster.refresh_from_db()
         left = [m for m in cluster_members(cluster) if m.pk in wanted and m.state != MemberState.JOINED]
@@ -262,21 +271,28 @@ def _reach_head(member: ClusterMember, board: ProgressBoard, head: ClusterMember
     board.move(member, MemberState.PENDING)
 
 
-def _join(member: ClusterMember, board: ProgressBoard, head: ClusterMember, cluster: Cluster) -> None:
+def _join(member: ClusterMember, board: ProgressBoard, head: ClusterMember, cluster: Cluster, seen: list[RayStatus]) -> None:
+    """Ray joined on the member; the node list its join returned goes to ``seen`` (for the check after)."""
     board.move(member, MemberState.RAY)
-    on_member(member, lambda agent: agent.ray_join(head=f"{head.address}:{cluster.ray_port}", address=member.address,
-                                                   gpus=len(member.machine.accelerators.all()),
-                                                   abort=offline_reason(member.machine_id)))
+    seen.append(on_member(member, lambda agent: agent.ray_join(head=f"{head.address}:{cluster.ray_port}", address=member.address,
+                                                               gpus=RAY_GPUS,
+                                                               abort=offline_reason(member.machine_id))))
 
 
-def _check_with_ray(cluster: Cluster, head: ClusterMember, members: list[ClusterMember]) -> list[ClusterMember]:
-    """Ray's own node list decides who is up; the totals count what Ray reports."""
+def _check_with_ray(cluster: Cluster, head: ClusterMember, members: list[ClusterMember],
+                    seen: list[RayStatus] = ()) -> list[ClusterMember]:
+    """Ray's own node list decides who is up; the totals count the accelerators of the machines up (the
+    cluster's Ray offers none: RAY_GPUS). A list the head's start or a join already returned, holding every
+    machine alive, is Ray's answer: the head is not asked the same again (each look runs a Python that
+    imports Ray there)."""
     # Failures recorded by worker threads went to the database, not to these objects.
     failed = set(ClusterMember.objects.filter(cluster=cluster, state=MemberState.FAILED).values_list("pk", flat=True))
     expected = {m.address for m in members if m.pk not in failed}
+    complete = [status.alive() for status in reversed(seen) if expected <= set(status.alive())]
+    alive = complete[0] if complete else None
     gcs = f"{head.address}:{cluster.ray_port}"
     # A node whose join returned shows in the head's list within a few seconds: ask again before calling it out.
-    for attempt in range(RAY_LIST_TRIES):
+    for attempt in range(0 if alive is not None else RAY_LIST_TRIES):
         alive = on_member(head, lambda agent: agent.ray_status(head=gcs)).alive()
         if expected <= set(alive) or attempt == RAY_LIST_TRIES - 1:
             break
@@ -287,7 +303,8 @@ def _check_with_ray(cluster: Cluster, head: ClusterMember, members: list[Cluster
     for member in members:
         node = alive.get(member.address)
         if node:
-            member_transition(member, to=MemberState.JOINED, ray_node_id=node.node_id, accelerators_in_ray=node.gpus, rejoin_attempts=0)
+            member_transition(member, to=MemberState.JOINED, ray_node_id=node.node_id,
+                              accelerators_in_ray=len(member.machine.accelerators.all()), rejoin_attempts=0)
             joined.append(member)
         elif member.pk not in failed:
             member_transition(member, to=MemberState.FAILED, reason=f"Ray on the head does not list {member.machine.name} ({member.address}).")

@@ -43,3 +43,41 @@ def parameters(count) -> str:
         if count >= size:
             return f"{count / size:.1f} {unit}"
     return str(count)
+
+
+@register.filter
+def share(part) -> str:
+    """A share of one GPU as people say it: "a quarter", "half", "three quarters"."""
+    from fractions import Fraction
+
+    part = Fraction(part)
+    return {Fraction(1, 4): "a quarter", Fraction(1, 2): "half", Fraction(3, 4): "three quarters"}.get(part, f"{float(part):g}")
+
+
+@register.filter
+def gpus(count) -> str:
+    """GPUs as a figure: 12, 11.75."""
+    value = float(count)
+    return f"{int(value)}" if value == int(value) else f"{value:.2f}".rstrip("0")
+
+
+@register.filter
+def milliseconds(value) -> str:
+    """A latency as people read it: ``0.8 ms``, ``42 ms``, ``1.3 s``; ``—`` when there is none."""
+    if value in (None, ""):
+        return "—"
+    value = float(value)
+    if value < 10:
+        return f"{value:.1f} ms"
+    if value < 1000:
+        return f"{value:.0f} ms"
+    return f"{value / 1000:.1f} s"
+
+
+@register.filter
+def per_minute(value) -> str:
+    """A rate per minute: ``0.4``, ``12``, ``1.2 k``."""
+    value = float(value or 0)
+    if value >= 1000:
+        return f"{value / 1000:.1f} k"
+    return f"{value:.1f}".rstrip("0").rstrip(".") if value < 10 else f"{value:.0f}"

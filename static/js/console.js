@@ -12,6 +12,12 @@
  *    .copy__text (or pre, code) of the enclosing .copy block.
  *    The console is often served over plain http on a LAN, where
  *    navigator.clipboard does not exist; a hidden textarea is the fallback.
+ *
+ * The "live-if-shown" htmx extension (on the ws-connect element, beside "ws")
+ * drops, from each live message, the parts marked data-live-if-shown whose
+ * element is not on the page: a list's row pushed to a page filtered or paged
+ * past it, or an empty-list note already gone. Left in, htmx would log an
+ * oobErrorNoTarget for each.
  */
 (function () {
   "use strict";
@@ -51,6 +57,18 @@
   document.addEventListener("htmx:wsOpen", function () { setLive(true, "Live"); });
   document.addEventListener("htmx:wsClose", closed);
   document.addEventListener("htmx:wsError", function () { setLive(false, "Reconnecting…"); });
+
+  htmx.defineExtension("live-if-shown", {
+    transformResponse: function (text, xhr) {
+      if (xhr !== null || text.indexOf("data-live-if-shown") < 0) return text; // only the socket's messages
+      var template = document.createElement("template");
+      template.innerHTML = text;
+      Array.from(template.content.children).forEach(function (part) {
+        if (part.hasAttribute("data-live-if-shown") && !document.getElementById(part.id)) part.remove();
+      });
+      return template.innerHTML;
+    }
+  });
 
   // 2. Copy buttons ---------------------------------------------------------
 
@@ -222,6 +240,14 @@
   document.addEventListener("change", function (event) {
     var field = event.target.closest("[data-submit-on-change]");
     if (field && field.form) field.form.requestSubmit();
+  });
+
+  // Polled cards (hx-trigger="every 5s" with data-poll: figures that live in Redis, with nothing to push)
+  // ask nothing while the tab is hidden; htmx keeps its timer, so they resume when it shows again. The
+  // config forbids hx-trigger's [filter] expressions (allowEval false): this is the filter.
+  document.addEventListener("htmx:beforeRequest", function (event) {
+    var elt = event.detail && event.detail.elt;
+    if (document.hidden && elt && elt.hasAttribute && elt.hasAttribute("data-poll")) event.preventDefault();
   });
 })();
 

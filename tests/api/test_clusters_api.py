@@ -11,10 +11,10 @@ from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, Transfer
 from console.choices import JobState
 from console.models import Job
-from deployments.models import Deployment
 from machines.choices import MachineState
 from machines.models import Machine
-from tests.builders import NETWORK, build, cluster_of, gpu_machine
+from deployments.models import Deployment
+from tests.builders import NETWORK, build, cluster_of, deployment_of, gpu_machine
 from tests.factories import AcceleratorFactory, JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -150,6 +150,7 @@ def test_the_list_gives_each_member_without_its_last_status_and_the_cluster_give
 
     assert all("last_status" not in m for m in listed["members"])
     assert next(m for m in one["members"] if m["role"] == "head")["last_status"] == {"ray": "running"}
+    assert one.pop("deployments") == []  # the cluster's detail adds its deployments (deployments/api.py)
     assert {k: v for k, v in one.items() if k != "members"} == {k: v for k, v in listed.items() if k != "members"}
     assert [{k: v for k, v in m.items() if k != "last_status"} for m in one["members"]] == listed["members"]
     head = listed["members"][0]
@@ -531,7 +532,7 @@ def test_deleting_a_running_cluster_whose_machines_are_all_offline_goes_at_once(
 
 
 def test_deleting_a_cluster_with_a_deployment_is_a_400_and_keeps_everything(post, room, queued):
-    Deployment.objects.create(name="llama", cluster=room, model_name="meta-llama/Llama-3.1-8B-Instruct")
+    deployment_of(room)
     before = snapshot(room)
 
     response = post(f"/api/clusters/{room.pk}/", method="delete")

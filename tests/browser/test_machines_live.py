@@ -102,6 +102,25 @@ def test_ticked_machines_wake_update_agent_and_stay_ticked_when_their_row_change
     expect(page.locator(f"#machine-row-{old.pk}")).to_have_class(re.compile("is-selected"))
 
 
+def test_a_filtered_list_takes_the_changes_of_its_rows_and_quietly_skips_those_of_rows_it_does_not_show(page):
+    shown = MachineFactory(name="gpu-01", state=MachineState.HEALTHY)
+    hidden = MachineFactory(name="gpu-02", state=MachineState.OFFLINE)
+    errors = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.goto("/machines/?state=healthy")
+    wait_until_live(page)
+    mark_page(page)
+    expect(page.locator(f"#machine-row-{hidden.pk}")).to_have_count(0)
+
+    services.machine_transition(machine=hidden, to=MachineState.HEALTHY, reason="")  # not on this page: skipped
+    services.machine_transition(machine=shown, to=MachineState.OFFLINE, reason="No heartbeat for 31 s.")
+
+    expect(page.locator(f"#machine-row-{shown.pk} .badge")).to_have_text("Offline")
+    expect(page.locator(f"#machine-row-{hidden.pk}")).to_have_count(0)
+    assert_not_reloaded(page)
+    assert errors == []
+
+
 def test_a_model_added_on_the_page_downloads_live_and_shows_what_its_files_say(page):
     page.goto("/models/")
     expect(page.locator(".empty__title")).to_have_text("No models yet")

@@ -32,6 +32,9 @@ def enrolled(lab, console_url, settings):
         return enrol(lab, *wanted)
 
     yield enrol_these
+    # The clusters read Stopped first: a heartbeat that finds Ray gone from a machine cleared below
+    # would have its cluster checked and restarted in the live server, racing this teardown.
+    Cluster.objects.update(state=ClusterState.STOPPED)
     lab.heal()
     leave_nothing_running(Machine.objects.filter(name__in=names))
 
@@ -39,23 +42,6 @@ def enrolled(lab, console_url, settings):
 def ray_nodes(head: Machine, address: str) -> list[dict]:
     with Agent.open(head) as agent:
         return agent.ray_status(head=f"{address}:6379").raw["nodes"]
-
-
-def test_three_machines_on_fabric_reach_running_with_twenty_accelerators(enrolled):
-    a, b, c = enrolled("lab-a", "lab-b", "lab-c")
-
-    cluster = services.cluster_create(name="gpu-room", machine_ids=[a.pk, b.pk, c.pk], head_id=a.pk, network=FABRIC)
-
-    cluster.refresh_from_db()
-    assert cluster.state == ClusterState.RUNNING, cluster.state_reason
-    members = {m.machine.name: m for m in cluster.members.select_related("machine")}
-    assert {m.state for m in members.values()} == {MemberState.JOINED}
-    assert sum(m.accelerators_in_ray for m in members.values()) == 20
-    assert members["lab-a"].image_transfer.source == "the server"
-    assert members["lab-b"].image_transfer.source.startswith("lab-a (198.18.1.11)")
-    assert members["lab-c"].image_transfer.source.startswith("lab-b (198.18.1.12)")
-    nodes = [n for n in ray_nodes(a, "198.18.1.11") if n["alive"]]
-    assert sorted(n["address"] for n in nodes) == ["198.18.1.11", "198.18.1.12", "198.18.1.13"]
 
 
 def start_in_background(name: str, machines, *, until_fraction_on: Machine, fraction: float) -> threading.Event:
@@ -79,19 +65,38 @@ def start_in_background(name: str, machines, *, until_fraction_on: Machine, frac
     return done
 
 
-def test_a_transfer_cut_in_the_middle_resumes_with_at_most_one_chunk_sent_again(lab, enrolled):
-    a, b = enrolled("lab-a", "lab-b")
-    done = start_in_background("resume", [a, b], until_fraction_on=b, fraction=0.3)
+def test_four_machines_of_two_platforms_reach_running_and_a_transfer_cut_in_the_middle_resumes(lab, enrolled, api_client):
+    """One start for all of it: the x86_64 image down the chain (the server, lab-a, lab-b, lab-c), the
+    aarch64 build from the server to lab-d (each build leaves the server once), lab-b's fabric link pulled
+    while its copy is under way, which it resumes with at most one chunk sent again; then the cluster as
+    the API shows it."""
+    a, b, c, d = enrolled("lab-a", "lab-b", "lab-c", "lab-d")
+    networks = api_client.get(f"/api/clusters/networks/?machines={a.pk},{b.pk},{c.pk},{d.pk}").json()
+    assert networks["suggested"] == FABRIC
+    done = start_in_background("gpu-room", [a, b, c, d], until_fraction_on=b, fraction=0.3)
     lab.fault("lab-b", "link-down", "fabric")
     time.sleep(3)  # a cut, not a blip: the transfer notices and tries again
     lab.fault("lab-b", "link-up", "fabric")
     assert done.wait(300)
 
-    cluster = Cluster.objects.get(name="resume")
+    cluster = Cluster.objects.get(name="gpu-room")
     assert cluster.state == ClusterState.RUNNING, cluster.state_reason
-    member = cluster.members.get(machine=b)
-    image = member.runtime_image
-    assert image.size_bytes <= member.image_transfer.bytes_fetched <= image.size_bytes + image.chunk_size
+    members = {m.machine.name: m for m in cluster.members.select_related("machine")}
+    assert {m.state for m in members.values()} == {MemberState.JOINED}
+    assert members["lab-a"].image_transfer.source == members["lab-d"].image_transfer.source == "the server"
+    assert members["lab-b"].image_transfer.source.startswith("lab-a (198.18.1.11)")
+    assert members["lab-c"].image_transfer.source.startswith("lab-b (198.18.1.12)")
+    assert members["lab-a"].runtime_image != members["lab-d"].runtime_image  # another architecture, another build
+    nodes = [n for n in ray_nodes(a, "198.18.1.11") if n["alive"]]
+    assert sorted(n["address"] for n in nodes) == ["198.18.1.11", "198.18.1.12", "198.18.1.13", "198.18.1.14"]
+    assert all(n["gpus"] == 0 for n in nodes), "the cluster's Ray hands out no GPU: the console's placement does"
+    image = members["lab-b"].runtime_image
+    assert image.size_bytes <= members["lab-b"].image_transfer.bytes_fetched <= image.size_bytes + image.chunk_size
+
+    shown = api_client.get(f"/api/clusters/{cluster.pk}/").json()
+    assert shown["state"] == "running", shown["state_reason"]
+    assert shown["machines_up"] == 4 and shown["accelerators"] == shown["free_accelerators"] == 8 + 8 + 4 + 4
+    assert all(m["image_bytes_done"] == m["image_bytes_total"] > 0 for m in shown["members"])
 
 
 def test_a_machine_without_room_says_how_much_is_needed_and_writes_nothing(lab, enrolled):
@@ -143,25 +148,6 @@ def test_lab_e_is_refused_in_the_wizard_and_over_the_api(enrolled, admin_client)
     assert response.status_code == 400
     assert "No certified runtime image runs on lab-e" in json.dumps(response.json())
     assert not Cluster.objects.exists()
-
-
-def test_the_same_through_the_api_with_two_platforms(enrolled, api_client):
-    a, d = enrolled("lab-a", "lab-d")
-
-    networks = api_client.get(f"/api/clusters/networks/?machines={a.pk},{d.pk}").json()
-    assert networks["suggested"] == FABRIC
-    created = api_client.post("/api/clusters/", {"name": "mixed", "machines": [a.pk, d.pk], "head": a.pk,
-                                                  "network": networks["suggested"]}, format="json")
-    assert created.status_code == 201, created.json()
-
-    cluster = api_client.get(f"/api/clusters/{created.json()['id']}/").json()
-    assert cluster["state"] == "running", cluster["state_reason"]
-    assert cluster["machines_up"] == 2 and cluster["accelerators"] == 12 and cluster["free_accelerators"] == 12
-    members = {m["name"]: m for m in cluster["members"]}
-    # Another architecture: another build, and each build leaves the server once.
-    assert members["lab-a"]["runtime_image"] != members["lab-d"]["runtime_image"]
-    assert members["lab-a"]["image_source"] == members["lab-d"]["image_source"] == "the server"
-    assert all(m["image_bytes_done"] == m["image_bytes_total"] > 0 for m in members.values())
 
 
 def test_a_machine_that_loses_power_in_the_middle_does_not_leave_the_start_stuck(lab, enrolled):

@@ -133,6 +133,19 @@ def test_the_lab_hub_is_host_250_of_the_management_network_at_the_default_specs_
     assert (shaped.hub.rate_mbit, shaped.hub_url) == (50, "http://198.18.0.250:9000")
 
 
+def test_the_engine_s_pace_comes_from_the_spec_and_reaches_every_machine_s_agent_config():
+    spec = lab_spec.load_spec()
+    assert spec.engine.tokens_per_second == lab_spec.DEFAULT_ENGINE_PACE == 200
+    assert lab_spec.parse_spec(minimal_spec()).engine.tokens_per_second == 200  # no [engine] table: the default
+    fast = lab_spec.parse_spec(minimal_spec(engine={"tokens_per_second": 1500.5}))
+    for runtime in lab_spec.RUNTIMES:
+        config = lab_machine.agent_config("m-one", runtime, fast)
+        # With `process` a spanning copy's engine drives Ray from the lab's Python (the image's has Ray).
+        ray_python = {"FADEN_LAB_RAY_PYTHON": config["process"]["python"]} if runtime == "process" else {}
+        assert config["engine_env"] == {"FADEN_LAB_ENGINE_PACE": "1500.5"} | ray_python
+        assert config["process"]["vllm"] == str(LAB_STUBS / "vllm")
+
+
 def test_disk_mib_makes_a_tmpfs_disk_and_its_absence_a_directory():
     spec = lab_spec.load_spec()
     assert spec.machine_json(spec.machine("lab-c"))["disk"] == {"kind": "tmpfs", "mib": 1024}
@@ -164,6 +177,10 @@ def test_defaults_table_is_merged_into_every_machine():
     ({"hub": {"port": 70000}}, "[hub]: port 70000"),
     ({"hub": {"address": "198.18.0.2"}}, "[hub]: unknown key(s): address"),
     ({"hub": 400}, "[hub] must be a table"),
+    ({"engine": {"tokens_per_second": 0}}, "[engine]: tokens_per_second must be a number of tokens per second"),
+    ({"engine": {"tokens_per_second": "fast"}}, "[engine]: tokens_per_second"),
+    ({"engine": {"pace": 200}}, "[engine]: unknown key(s): pace"),
+    ({"engine": 200}, "[engine] must be a table"),
     ({"machines": [{"name": "hub", "networks": ["mgmt"]}]}, "the lab hub's"),
     ({"networks": [{"name": "mgmt", "subnet": "198.18.0.0/25", "interface": "eth0", "rate_mbit": 100,
                     "management": True}], "machines": [{"name": "m-one", "networks": ["mgmt"]}]}, "needs a /24"),
@@ -214,6 +231,19 @@ def test_status_and_down_when_nothing_is_up(monkeypatch, capsys, tmp_path):
         "up": False, "machines": [], "networks": [], "console_address": None}
     assert lab_cli.main(["down"]) == 0
     assert not (tmp_path / "state").exists()
+
+
+def test_a_lab_whose_run_is_gone_may_be_taken_down_and_one_put_up_by_hand_may_not(tmp_path):
+    from lab import core as lab_core
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for name, owner in (("gone", gone.pid), ("alive", lab_core.os.getpid()), ("by-hand", None)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "state.json").write_text(json.dumps({"status": "up", "owner_pid": owner}))
+    assert lab_core._owner_gone(tmp_path / "gone") == gone.pid
+    assert lab_core._owner_gone(tmp_path / "alive") is None
+    assert lab_core._owner_gone(tmp_path / "by-hand") is None
+    assert lab_core._owner_gone(tmp_path / "missing") is None
 
 
 def test_unknown_command_exits_2(capsys):

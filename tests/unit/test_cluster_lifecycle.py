@@ -14,10 +14,9 @@ from clusters.models import Cluster, ClusterMember, HealthCheck
 from console import live, roles
 from console.choices import JobState
 from console.models import Job
-from deployments.models import Deployment
 from machines.choices import MachineState
 from machines.models import Machine
-from tests.builders import NETWORK, build, cluster_of, gpu_machine
+from tests.builders import NETWORK, build, cluster_of, deployment_of, gpu_machine
 from tests.factories import JobFactory, NetworkInterfaceFactory
 
 pytestmark = pytest.mark.django_db
@@ -294,7 +293,7 @@ def test_clusters_whose_pause_is_not_over_or_that_are_busy_are_left_alone(commit
 
 
 def test_delete_is_refused_while_the_cluster_has_a_deployment(committed, queued, room):
-    Deployment.objects.create(name="llama", cluster=room, model_name="meta-llama/Llama-3.1-8B")
+    deployment_of(room)
 
     words = refused(committed, services.cluster_delete, cluster=room)
 

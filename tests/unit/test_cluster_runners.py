@@ -189,6 +189,19 @@ def test_a_machine_that_joined_but_shows_in_the_head_s_list_a_moment_later_is_up
     assert set(Cluster.objects.get(pk=stopped.pk).members.values_list("state", flat=True)) == {MemberState.JOINED}
 
 
+def test_a_join_whose_node_list_holds_every_machine_alive_is_the_check_without_asking_ray_again(stopped, agents):
+    agents.answers["gpu-c"] = {"ray_started": agents.answers["gpu-a"]["ray"]}  # the last join saw all three alive
+    asked = []
+    agents.on_ray_status = lambda: asked.append(1)
+
+    job = start(stopped)
+
+    assert job.state == JobState.SUCCEEDED, job.error
+    assert asked == []
+    assert set(Cluster.objects.get(pk=stopped.pk).members.values_list("state", flat=True)) == {MemberState.JOINED}
+    assert Cluster.objects.get(pk=stopped.pk).members.get(machine__name="gpu-c").ray_node_id
+
+
 def test_each_machine_loads_and_starts_its_runtime_with_its_driver_and_the_cluster_s_name(stopped, agents):
     Machine.objects.filter(name="gpu-b").update(container_runtime="podman", runtime_choice="podman")
     Machine.objects.filter(name="gpu-c").update(container_runtime="process", configured_runtime="process")

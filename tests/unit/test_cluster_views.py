@@ -11,8 +11,7 @@ from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, Role
 from clusters.models import Cluster, HealthCheck, NetworkMeasurement, RuntimeImage
 from console import roles
 from console.models import Job
-from deployments.models import Deployment
-from tests.builders import cluster_of, gpu_machine
+from tests.builders import cluster_of, deployment_of, gpu_machine
 from tests.factories import MachineFactory
 
 pytestmark = pytest.mark.django_db
@@ -87,10 +86,14 @@ def test_the_page_renders_in_every_state_with_its_badge(admin_client, build, sta
     assert cluster.get_state_display() in html
 
 
-def test_deploy_a_model_is_disabled_and_says_where_models_are_deployed_from(admin_client, build):
-    html = page(admin_client, make_cluster(build))
+def test_deploy_a_model_leads_to_the_form_on_a_running_cluster_and_says_why_not_on_a_stopped_one(admin_client, build):
+    cluster = make_cluster(build)
+    assert f'href="/deployments/new/?cluster={cluster.pk}">Deploy a model</a>' in page(admin_client, cluster)
+    cluster.state = ClusterState.STOPPED
+    cluster.save()
+    html = page(admin_client, cluster)
     assert "disabled" in button(html, "Deploy a model")
-    assert actions.DEPLOY_LATER in html
+    assert "models are deployed on a running cluster" in html
 
 
 def test_a_busy_cluster_disables_its_buttons_and_names_the_operation_under_way(admin_client, build):
@@ -194,7 +197,7 @@ def test_deleting_a_stopped_cluster_removes_it_at_once_and_returns_to_the_list(a
 
 def test_a_cluster_with_deployments_is_not_deleted_and_the_page_says_why(admin_client, build):
     cluster = make_cluster(build, state=ClusterState.STOPPED)
-    Deployment.objects.create(name="llama", cluster=cluster, model_name="meta-llama/Llama-3.1-8B")
+    deployment_of(cluster)
     assert "disabled" in button(admin_client.get(f"/clusters/{cluster.pk}/delete/").content.decode(), "Delete gpu-room")
     response = admin_client.post(f"/clusters/{cluster.pk}/delete/", follow=True)
     assert "delete them first" in response.content.decode()

@@ -137,3 +137,15 @@ def test_a_machine_the_files_do_not_reach_is_named_and_keeps_its_place_in_the_cl
     assert job.state == "failed" and "lab-b: the source stopped answering" in job.error
     assert set(cluster.members.values_list("state", flat=True)) == {MemberState.JOINED}
     assert list(ModelHolding.objects.values_list("machine__name", flat=True)) == ["lab-a"]
+
+
+def test_a_model_removed_from_the_machines_is_sent_again_by_the_next_copy(model, cluster, monkeypatch):
+    fakes = FakeAgents().install(monkeypatch)
+    assert copy(model, cluster).state == "succeeded"
+    services.model_remove_from_machines(model, user=UserFactory(role=roles.OPERATOR))
+    assert not ModelHolding.objects.exists() and not Transfer.objects.filter(digest="2" * 64).exists()
+    fakes.calls.clear()
+
+    services.model_copy(model, cluster, user=UserFactory(role=roles.OPERATOR))
+    assert Job.objects.filter(kind=copies.KIND).latest("created_at").state == "succeeded"
+    assert {name for name, method, kw in fakes.calls if method == "file_fetch" and "2222" in kw["url"]} == {"lab-a", "lab-b", "lab-c"}

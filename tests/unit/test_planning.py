@@ -1,5 +1,6 @@
 """Pure planning for clusters: picking machines, the head, the network and who sends the image to whom."""
 import ipaddress
+import os
 
 import pytest
 from hypothesis import given, settings
@@ -24,7 +25,9 @@ from clusters.planning import (
     suggest_network,
 )
 
-MANY = settings(max_examples=300, deadline=None)
+# 100 examples a property in the suite (it shares the host's two cores with the lab's worker);
+# FADEN_HYPOTHESIS_EXAMPLES=2000 pytest this file searches deeper, as a run of its own.
+MANY = settings(max_examples=int(os.environ.get("FADEN_HYPOTHESIS_EXAMPLES", "100")), deadline=None)
 
 # ------------------------------------------------------------------ the default lab (lab/specs/default.toml)
 

@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from clusters.choices import ClusterState
 from console import roles
 from console.roles import ADMINISTRATOR, OPERATOR, VIEWER
+from deployments.services import gateway_key_create
 from tests.builders import build, cluster_of, gpu_machine
 from tests.factories import NO_ROLE, MachineFactory, UserFactory
 
@@ -87,6 +88,7 @@ def world(machine_offers):
     stopped = cluster_of([gpu_machine("gpu-d", 14), gpu_machine("gpu-e", 15)], runtime=older, name="parked",
                          state=ClusterState.STOPPED)
     free, spare = gpu_machine("gpu-c", 13), gpu_machine("gpu-g", 17)
+    gateway_key_create(name="ops")  # a key to revoke
     awaiting = MachineFactory(awaiting_host_key=True)
     d = stopped.members.order_by("machine__name").first().machine_id
     wizard = f"/clusters/new/?name=new-room&machines={free.pk},{spare.pk}"
@@ -107,6 +109,7 @@ def world(machine_offers):
         "switch the runtime": f"/clusters/{stopped.pk}/runtime/switch/",
         "delete a cluster": f"/clusters/{stopped.pk}/delete/",
         "deployments": "/deployments/",
+        "the gateway": "/gateway/",
     }
 
 
@@ -135,7 +138,8 @@ def test_an_administrator_finds_the_same_pages_full_of_buttons(world):
     found = {name: pressable(administrator, url) for name, url in world.items()}
 
     assert all(found[name] for name in ("machines", "a machine", "a machine whose key waits", "add a machine",
-                                        "clusters", "a running cluster", "the wizard's network", "switch the runtime"))
+                                        "clusters", "a running cluster", "the wizard's network", "switch the runtime",
+                                        "the gateway"))
 
 
 def test_an_operator_runs_clusters_but_cannot_enrol_machines(world):

@@ -91,7 +91,7 @@ def test_an_imported_image_records_the_digest_size_and_chunk_hashes_hashlib_comp
     assert image.chunk_hashes == chunk_hashes(data)
     assert len(image.chunk_hashes) == 2
     assert (image.name, image.version, image.arch, image.accelerator_vendor, image.certified) == (
-        "NVIDIA x86_64 Runtime", "2.1.0", "x86_64", "nvidia", True)
+        "NVIDIA x86_64 Runtime", lab_images.VERSION, "x86_64", "nvidia", True)
 
 
 @pytest.mark.django_db
@@ -386,8 +386,8 @@ def test_the_lab_writes_one_nvidia_image_per_arch_as_a_loadable_archive_with_its
     made = lab_images.images_make(tmp_path, synthetic_mib=1)
 
     assert [(p.name, written) for p, written in made] == [
-        ("nvidia-x86_64-runtime-2.1.0.img", True),
-        ("nvidia-aarch64-runtime-2.1.0.img", True),
+        (f"nvidia-x86_64-runtime-{lab_images.VERSION}.img", True),
+        (f"nvidia-aarch64-runtime-{lab_images.VERSION}.img", True),
     ]
     for path, _ in made:
         with tarfile.open(path) as archive:
@@ -396,7 +396,7 @@ def test_the_lab_writes_one_nvidia_image_per_arch_as_a_loadable_archive_with_its
             config = json.load(archive.extractfile(entry["Config"]))
             layer = archive.extractfile(entry["Layers"][0]).read()
         assert names[:2] == ["manifest.json", entry["Config"]]  # the labels come first
-        assert entry["RepoTags"] == [f"localhost/fadenstack-runtime:2.1.0-nvidia-{path.name.split('-')[1]}"]
+        assert entry["RepoTags"] == [f"localhost/fadenstack-runtime:{lab_images.VERSION}-nvidia-{path.name.split('-')[1]}"]
         assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(gzip.decompress(layer)).hexdigest()]
         with tarfile.open(fileobj=io.BytesIO(gzip.decompress(layer))) as payload:
             assert [(m.name, m.size) for m in payload.getmembers()] == [("payload.bin", MIB)]

@@ -1,4 +1,4 @@
-"""Run the whole console on this host: Redis if none answers, migrations, an admin, web, worker and beat."""
+"""Run the whole console on this host: Redis if none answers, migrations, an admin, web, worker, beat and gateway."""
 import os
 import secrets
 import shutil
@@ -25,8 +25,25 @@ MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"  # the one that hold
 
 def asgi_application() -> str:
     """Daphne's ``module:attribute`` for the settings' ASGI_APPLICATION (``config.asgi.application``)."""
-    module, _, attribute = settings.ASGI_APPLICATION.rpartition(".")
+    return _module_attribute(settings.ASGI_APPLICATION)
+
+
+def gateway_application() -> str:
+    """uvicorn's ``module:attribute`` for the gateway (``config.gateway_asgi.application``)."""
+    return _module_attribute(settings.FADEN_GATEWAY_APPLICATION)
+
+
+def _module_attribute(dotted: str) -> str:
+    module, _, attribute = dotted.rpartition(".")
     return f"{module}:{attribute}"
+
+
+def gateway_argv(python: str, *, bind: str, port: int, workers: int) -> list[str]:
+    """The gateway under uvicorn: uvloop and httptools (its fast paths), no access log (a line per request
+    would cost more than the gateway's own work), no Server header; ``workers`` processes share the port."""
+    return [python, "-m", "uvicorn", gateway_application(), "--host", bind, "--port", str(port),
+            "--workers", str(workers), "--loop", "uvloop", "--http", "httptools", "--lifespan", "on",
+            "--no-access-log", "--no-server-header", "--timeout-graceful-shutdown", "10"]
 
 
 def _listening(host: str, port: int) -> bool:
@@ -47,14 +64,19 @@ def redis_server_binary() -> str:
 
 
 class Command(BaseCommand):
-    help = "Start the console: web server, one Celery worker, one Celery beat (and Redis when none is listening)."
+    help = ("Start the console: web server, one Celery worker, one Celery beat, the gateway (and Redis when none "
+            "is listening).")
 
     def add_arguments(self, parser):
         parser.add_argument("--bind", default=os.environ.get("FADEN_WEB_BIND", "0.0.0.0"))
         parser.add_argument("--port", type=int, default=settings.FADEN_WEB_PORT)
         parser.add_argument("--concurrency", type=int, default=int(os.environ.get("FADEN_WORKER_CONCURRENCY", 8)))
+        parser.add_argument("--gateway-port", type=int, default=settings.FADEN_GATEWAY_PORT)
+        parser.add_argument("--gateway-workers", type=int, default=settings.FADEN_GATEWAY_WORKERS)
 
-    def handle(self, *args, bind, port, concurrency, **options):
+    def handle(self, *args, bind, port, concurrency, gateway_port, gateway_workers, **options):
+        if gateway_port == port:
+            raise CommandError(f"The gateway and the web server cannot share port {port}: set FADEN_GATEWAY_PORT to another.")
         self.children: dict[str, subprocess.Popen] = {}
         signal.signal(signal.SIGTERM, lambda *_: self._stop(0))
         call_command("migrate", interactive=False, verbosity=0)
@@ -66,8 +88,11 @@ class Command(BaseCommand):
         self._spawn("web", [python, "-m", "daphne", "-b", bind, "-p", str(port), asgi_application()])
         self._spawn("worker", [python, "-m", "celery", "-A", CELERY_APP, "worker", "-c", str(concurrency), "-l", "INFO", "-n", f"worker@{socket.gethostname()}"])
         self._spawn("beat", [python, "-m", "celery", "-A", CELERY_APP, "beat", "-l", "INFO", "-s", str(data / "celerybeat-schedule")])
+        self._spawn("gateway", gateway_argv(python, bind=settings.FADEN_GATEWAY_BIND or bind, port=gateway_port,
+                                            workers=gateway_workers))
         shown = "localhost" if bind in ("0.0.0.0", "::") else bind
         self.stdout.write(self.style.SUCCESS(f"Fadenstack is up: http://{shown}:{port}/  (Ctrl-C stops it)"))
+        self.stdout.write(f"The gateway (OpenAI-compatible API): http://{shown}:{gateway_port}/v1/")
         try:
             while True:
                 for name, child in self.children.items():

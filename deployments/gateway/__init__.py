@@ -1,0 +1,20 @@
+"""The gateway: the OpenAI-compatible front door to every serving copy of every cluster.
+
+A process of its own (``config/gateway_asgi.py``, started by ``faden serve`` on FADEN_GATEWAY_PORT),
+not Django's request stack: a plain ASGI application under uvicorn that holds its routes and keys in
+memory and forwards each request to the copy with the fewest requests in flight (``app.py``). The
+modules, each for one thing:
+
+- ``keys.py``: what a key looks like and how it is hashed (the console's services and the gateway alike);
+- ``routes.py``: the route and key tables, read from the database in a thread every half second, and
+  the choice of a copy;
+- ``traffic.py``: requests, errors and latency per deployment, counted in memory and added up in Redis
+  every second; ``traffic()`` is what the pages read;
+- ``failures.py``: a copy that refused a connection, reported on a Redis list the console's health
+  check reads;
+- ``upstream.py``: keep-alive connections to the copies (asyncio and httptools' parser);
+- ``app.py``: the ASGI application.
+
+Only ``keys``, ``traffic`` and ``failures`` are imported by the console's own processes: the others
+run on the gateway's event loop. docs/gateway.md is the operator's and the client's view.
+"""

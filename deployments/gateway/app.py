@@ -1,0 +1,506 @@
+"""The gateway's ASGI application: OpenAI's API in front of every serving copy.
+
+``GET /v1/models``, ``GET /v1/models/<name>``, and ``POST /v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``, with ``Authorization: Bearer <key>``; ``GET /health`` (no key) for load balancers.
+
+A request's ``model`` names a deployment (names are unique across the console). It goes to the copy
+with the fewest requests in flight in this process (ties take turns), over keep-alive connections
+(``upstream.py``; no read timeout on streams). The answer's status, headers and body are passed on as they
+come, chunk by chunk, without buffering. A copy that refuses the connection (or does not accept it
+within FADEN_GATEWAY_CONNECT_TIMEOUT) has not seen the body, so the request goes to another copy; that
+copy is out of rotation at once and reported (``failures.py``) until its ``/health`` answers again. A
+copy that took the request and closed the connection before a byte of its answer (its engine died) is
+taken out the same way, and the request is sent once more, to one other copy: generating has no side
+effect but the work, and a request that kills engines then kills two, not every copy in turn.
+
+Nothing here touches the database or Redis on a request: the tables are refreshed in a thread every
+FADEN_GATEWAY_REFRESH seconds (``routes.py``), figures and failure reports are written by another
+every second (``traffic.py``). Errors are OpenAI's shape: ``{"error": {"message", "type", "param",
+"code"}}``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from deployments.gateway import failures, keys, traffic, upstream
+from deployments.gateway.routes import CopyRoute, DeploymentRoute, KeyEntry, RouteTable, Snapshot, snapshot_load
+
+log = logging.getLogger("fadenstack.gateway")
+
+FORWARDED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+# Request headers a copy gets from the client (not the key: the gateway is the one that checks it).
+PASSED_UP = frozenset({b"content-type", b"accept", b"accept-encoding", b"user-agent", b"x-request-id"})
+# Response headers that are about one connection, not the answer (the server's own come from uvicorn).
+HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailer",
+                        b"transfer-encoding", b"upgrade", b"server", b"date"})
+JSON_HEADERS = [(b"content-type", b"application/json")]
+NAMES_SHOWN = 20  # deployments named in an error at most
+KEY_USE_WRITTEN_EVERY = 60.0  # seconds: a key's last_used_at is written at most this often
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    redis_url: str
+    prefix: str  # of the gateway's Redis keys (FADEN_GATEWAY_REDIS_PREFIX)
+    refresh_every: float = 0.5  # seconds between two reads of the routes and keys
+    flush_every: float = 1.0  # seconds between two writes of the figures and failure reports
+    probe_every: float = 1.0  # seconds between two looks at the /health of copies out of rotation
+    connect_timeout: float = 2.0
+    read_timeout: float = 600.0  # a non-streamed answer; a stream waits as long as the copy takes
+    max_body: int = 32 * 1024 * 1024
+
+    @classmethod
+    def from_settings(cls) -> GatewayConfig:
+        from django.conf import settings
+
+        return cls(redis_url=settings.REDIS_URL, prefix=settings.FADEN_GATEWAY_REDIS_PREFIX,
+                   refresh_every=settings.FADEN_GATEWAY_REFRESH, probe_every=settings.FADEN_GATEWAY_PROBE,
+                   connect_timeout=settings.FADEN_GATEWAY_CONNECT_TIMEOUT, read_timeout=settings.FADEN_GATEWAY_READ_TIMEOUT,
+                   max_body=settings.FADEN_GATEWAY_MAX_BODY)
+
+
+class ClientGone(Exception):
+    """The client closed its connection before the gateway had read its request."""
+
+
+class Gateway:
+    """The ASGI application (one per process); ``load`` reads the tables (the database by default)."""
+
+    def __init__(self, config: GatewayConfig, *, load=snapshot_load):
+        self.config = config
+        self.load = load
+        self.table = RouteTable()
+        self.counts = traffic.Counts()
+        self.reports: list[dict] = []  # failure reports not yet written to Redis
+        self.keys_used: dict[int, float] = {}  # key id -> when last used, since the last refresh
+        self.keys_written: dict[int, float] = {}  # key id -> when its last_used_at was last written
+        self.process = f"{socket.gethostname()}:{os.getpid()}"
+        self.refreshed_at: float | None = None
+        self.refresh_error = ""
+        self.flush_error = ""
+        self.pool: upstream.Pool | None = None
+        self.tasks: list[asyncio.Task] = []
+        # One thread for the database (one connection, kept), one for Redis: neither waits on the other.
+        self.db_thread = ThreadPoolExecutor(1, thread_name_prefix="gateway-db")
+        self.redis_thread = ThreadPoolExecutor(1, thread_name_prefix="gateway-redis")
+        self.redis = None
+
+    @classmethod
+    def from_settings(cls) -> Gateway:
+        return cls(GatewayConfig.from_settings())
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            await self.http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self.lifespan(receive, send)
+
+    # -- start and stop -----------------------------------------------------------------------------------
+
+    async def lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as exc:  # the server says so and exits
+                    await send({"type": "lifespan.startup.failed", "message": f"The gateway did not start: {exc}"})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def start(self) -> None:
+        """The connection pool, the first tables (so the first request finds its routes), the background loops."""
+        self.pool = upstream.Pool(connect_timeout=self.config.connect_timeout)
+        self.redis = traffic.redis_client(self.config.redis_url)
+        await self.refresh()
+        self.tasks = [asyncio.create_task(self._every(self.config.refresh_every, self.refresh)),
+                      asyncio.create_task(self._every(self.config.flush_every, self.flush)),
+                      asyncio.create_task(self._every(self.config.probe_every, self.probe))]
+        log.info("Gateway %s up: %d deployments, %d serving copies, %d keys", self.process,
+                 len(self.table.deployments), len(self.table.copies), len(self.table.keys))
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.tasks = []
+        await self.flush()  # the last second's figures and reports
+        if self.pool is not None:
+            self.pool.close()
+        await asyncio.get_running_loop().run_in_executor(self.db_thread, _database_close)
+        self.db_thread.shutdown(wait=False)
+        self.redis_thread.shutdown(wait=False)
+
+    async def _every(self, seconds: float, work) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await work()
+            except Exception:  # a loop that stops would leave the gateway blind: log it and go on
+                log.exception("Gateway background work failed: %s", getattr(work, "__name__", work))
+
+    # -- the tables ----------------------------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Read the routes and keys in the database thread (and write the keys' last use); apply them here."""
+        now = time.time()
+        used = {pk: at for pk, at in self.keys_used.items() if now - self.keys_written.get(pk, 0.0) >= KEY_USE_WRITTEN_EVERY}
+        self.keys_used = {}
+        for pk in used:
+            self.keys_written[pk] = now
+        try:
+            snapshot = await asyncio.get_running_loop().run_in_executor(self.db_thread, self._read_tables, used)
+        except Exception as exc:  # the last tables stay in force; said once, not twice a second
+            words = f"{type(exc).__name__}: {exc}"
+            if words != self.refresh_error:
+                log.error("The gateway could not read its routes (it keeps the last ones): %s", words)
+            self.refresh_error = words
+            for pk in used:
+                self.keys_written.pop(pk, None)
+            return
+        if self.refresh_error:
+            log.info("The gateway reads its routes again.")
+        self.refresh_error = ""
+        self.refreshed_at = time.time()
+        changes = self.table.apply(snapshot)
+        for copy in changes["added"]:
+            log.info("Routing %s to copy #%d at %s", copy.deployment, copy.number, copy.url)
+        for copy in changes["removed"]:
+            log.info("No longer routing %s to copy #%d at %s", copy.deployment, copy.number, copy.url)
+
+    def _read_tables(self, used: dict[int, float]) -> Snapshot:
+        """In the database thread: last use of the keys used lately, then the tables."""
+        from django.db import connection
+
+        try:
+            if used:
+                from deployments.models import GatewayKey
+
+                at = datetime.fromtimestamp(max(used.values()), UTC)
+                GatewayKey.objects.filter(pk__in=list(used)).update(last_used_at=at)
+            return self.load()
+        except Exception:
+            connection.close()  # a broken connection is opened again on the next try
+            raise
+
+    # -- figures and reports -------------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        counts, self.counts = self.counts, traffic.Counts()
+        reports, self.reports = self.reports, []
+        state = {
+            "deployments": len(self.table.deployments), "copies": len(self.table.copies), "keys": len(self.table.keys),
+            "out_of_rotation": [{"copy": c.id, "name": c.deployment, "number": c.number, "url": c.url, "why": c.out_reason}
+                                for c in self.table.out_of_rotation()],
+            "routes_read_at": self.refreshed_at, "routes_error": self.refresh_error,
+        }
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.redis_thread, self._write, counts, reports, state)
+        except Exception as exc:
+            words = f"{type(exc).__name__}: {exc}"
+            if words != self.flush_error:  # said once, not every second
+                log.warning("The gateway could not write its figures to Redis (they are lost while it cannot): %s", words)
+            self.flush_error = words
+            self.reports = (reports + self.reports)[-failures.KEEP:]  # reports are sent again next time
+            return
+        if self.flush_error:
+            log.info("The gateway writes its figures to Redis again.")
+        self.flush_error = ""
+
+    def _write(self, counts: traffic.Counts, reports: list[dict], state: dict) -> None:
+        failures.failure_report(self.redis, self.config.prefix, reports)
+        traffic.counts_flush(self.redis, self.config.prefix, counts)
+        traffic.process_alive(self.redis, self.config.prefix, self.process, state)
+
+    def copy_failed(self, route: DeploymentRoute, copy: CopyRoute, words: str) -> None:
+        """Out of rotation at once; reported to the console once per time it goes out."""
+        if copy.take_out(words):
+            log.warning("Copy #%d of %s at %s is out of rotation: %s", copy.number, copy.deployment, copy.url, words)
+            self.reports.append({"copy": copy.id, "deployment": route.id, "name": copy.deployment, "number": copy.number,
+                                 "url": copy.url, "error": words, "at": datetime.now(UTC).isoformat(timespec="seconds"),
+                                 "gateway": self.process})
+
+    async def probe(self) -> None:
+        """Ask each copy out of rotation for its /health; a 200 puts it back. Closes connections long unused."""
+        self.pool.sweep()
+        out = self.table.out_of_rotation()
+        if out:
+            await asyncio.gather(*(self._probe(copy) for copy in out))
+
+    async def _probe(self, copy: CopyRoute) -> None:
+        head = upstream.request_head("GET", "/health", copy.host, copy.port, [], None)
+        try:
+            response = await self.pool.request(copy.host, copy.port, head, b"", timeout=self.config.connect_timeout)
+            try:
+                while await response.read(self.config.connect_timeout):
+                    pass
+            finally:
+                response.close()
+        except upstream.UpstreamError:
+            return
+        if response.status == 200 and copy.out:
+            copy.put_back()
+            log.info("Copy #%d of %s at %s answers its health check: back in rotation", copy.number, copy.deployment,
+                     copy.url)
+
+    # -- requests ------------------------------------------------------------------------------------------
+
+    async def http(self, scope, receive, send) -> None:
+        path = scope["path"]
+        if path == "/health":
+            await _answer(send, 200, b'{"status":"ok"}')
+            return
+        key = self.authenticate(scope["headers"])
+        if not isinstance(key, KeyEntry):
+            self.counts.refused += 1
+            await _error(send, 401, key, code="invalid_api_key")
+            return
+        self.keys_used[key.id] = time.time()
+        method = scope["method"]
+        if path in FORWARDED:
+            if method != "POST":
+                await self._refuse(send, 405, f"{path} takes POST, not {method}.", code="method_not_allowed")
+                return
+            await self.forward(scope, receive, send, key)
+        elif path == "/v1/models" and method == "GET":
+            await _answer_json(send, 200, {"object": "list", "data": [_model(route) for route in self.table.serving(key)]})
+        elif path.startswith("/v1/models/") and method == "GET":
+            name = path[len("/v1/models/"):]
+            route = self.table.deployments.get(name)
+            if route is None or not route.in_rotation or not key.may_use(name):
+                await self._refuse(send, 404, self._unknown_model(name, key), code="model_not_found", param="model")
+            else:
+                await _answer_json(send, 200, _model(route))
+        else:
+            await self._refuse(send, 404, f"Invalid URL ({method} {path}): the gateway answers GET /v1/models and POST "
+                                          f"{', '.join(sorted(FORWARDED))}.", code="unknown_url")
+
+    def authenticate(self, headers) -> KeyEntry | str:
+        """The key's entry, or why it is refused (in words, never with the key in full)."""
+        for name, value in headers:
+            if name == b"authorization":
+                scheme, _, secret = value.decode("latin-1").strip().partition(" ")
+                secret = secret.strip()
+                if scheme.lower() != "bearer" or not secret:
+                    return ("The Authorization header is not a Bearer key: send Authorization: Bearer <your key>. "
+                            "Operators create keys on the console's Gateway page.")
+                entry = self.table.keys.get(keys.key_hash(secret))
+                if entry is None:
+                    shown = f"{secret[:8]}…{secret[-4:]}" if len(secret) > 16 else "…"
+                    return (f"Incorrect API key provided: {shown}. Operators create keys on the console's Gateway "
+                            "page; a key made there works within a second.")
+                if entry.revoked:
+                    return f"The API key {secret[:8]}… was revoked on the console's Gateway page: ask an Operator for another."
+                return entry
+        return ("You didn't provide an API key. Send it in an Authorization header using Bearer auth "
+                "(Authorization: Bearer <your key>); Operators create keys on the console's Gateway page.")
+
+    async def forward(self, scope, receive, send, key: KeyEntry) -> None:
+        started = time.perf_counter()
+        try:
+            body = await _read_body(receive, self.config.max_body)
+        except ClientGone:
+            return
+        if body is None:
+            await self._refuse(send, 413, f"The request body is larger than the {self.config.max_body:,} bytes the "
+                                          "gateway accepts.", code="request_too_large")
+            return
+        try:
+            request = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            await self._refuse(send, 400, f"We could not parse the JSON body of your request ({type(exc).__name__}): "
+                                          "the gateway expects a JSON object with a \"model\".", code="invalid_json")
+            return
+        name = request.get("model") if isinstance(request, dict) else None
+        if not isinstance(name, str) or not name:
+            await self._refuse(send, 400, "You must provide a model parameter: the name of a deployment, as "
+                                          "GET /v1/models lists them.", code="missing_model", param="model")
+            return
+        route = self.table.deployments.get(name)
+        if route is None:
+            await self._refuse(send, 404, self._unknown_model(name, key), code="model_not_found", param="model")
+            return
+        if not key.may_use(name):
+            await self._refuse(send, 403, f"This API key may not use the model '{name}': it is limited to "
+                                          f"{_names(sorted(key.allowed))}. Ask an Operator for a key that may.",
+                               code="model_not_allowed", param="model")
+            return
+        stream = request.get("stream") is True
+        # From here on, a client that goes away cancels the request: the copy's connection is closed, so
+        # it stops generating for nobody (and a request waiting for its answer does not keep a slot).
+        task = asyncio.current_task()
+        state = {"done": False, "gone": False}
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, task, state))
+        error = True
+        try:
+            error = await self._send_to_a_copy(scope, receive, send, route, body, stream)
+        except asyncio.CancelledError:
+            if not state["gone"]:
+                raise
+            task.uncancel()
+            error = False  # the client left: not the copy's error
+        finally:
+            state["done"] = True
+            watcher.cancel()
+            self.counts.record(route.id, seconds=time.perf_counter() - started, error=error)
+
+    async def _send_to_a_copy(self, scope, receive, send, route: DeploymentRoute, body: bytes, stream: bool) -> bool:
+        """Forward to the least busy copy, and to the next one while copies refuse the connection (or, once, to
+        another when a copy closed the connection before it answered); True for an error."""
+        headers = [(name, value) for name, value in scope["headers"] if name in PASSED_UP]
+        path = scope["path"] + ("?" + scope["query_string"].decode("latin-1") if scope["query_string"] else "")
+        timeout = None if stream else self.config.read_timeout
+        tried: set[int] = set()
+        refused: list[str] = []
+        broke: list[str] = []  # copies that took the request and closed the connection without an answer
+        while (copy := route.pick(tried)) is not None:
+            tried.add(copy.id)
+            copy.in_flight += 1
+            try:
+                head = upstream.request_head("POST", path, copy.host, copy.port, headers, len(body))
+                try:
+                    response = await self.pool.request(copy.host, copy.port, head, body, timeout=timeout)
+                except upstream.ConnectFailed as exc:
+                    self.copy_failed(route, copy, str(exc))
+                    refused.append(f"copy #{copy.number}: {exc}")
+                    continue
+                except upstream.TimedOut as exc:
+                    await self._refuse(send, 504, f"Copy #{copy.number} of '{route.name}' {exc}.", code="copy_timeout",
+                                       kind="server_error", counted=False)
+                    return True
+                except upstream.BrokeOff as exc:  # before a byte of its answer: the engine died or was killed
+                    self.copy_failed(route, copy, f"{exc}")
+                    if not broke:  # sent once more, to one other copy (a request that kills engines kills two, not all)
+                        broke.append(f"Copy #{copy.number} of '{route.name}' {exc}")
+                        continue
+                    broke.append(f"copy #{copy.number} {exc}")
+                    break
+                return await self._pass_on(receive, send, route, copy, response, timeout)
+            finally:
+                copy.in_flight -= 1
+        if broke:
+            also = f"; sent once more, {broke[1]}" if len(broke) > 1 else ""
+            await self._refuse(send, 502, f"{broke[0]}{also}; out of rotation until a health check passes.",
+                               code="copy_failed", kind="server_error", counted=False)
+            return True
+        if route.copies:
+            last = f" ({'; '.join(refused[-3:])})" if refused else ""
+            why = (f"the gateway could not reach any of its {len(route.copies)} serving "
+                   f"cop{'y' if len(route.copies) == 1 else 'ies'}{last}; they come back as soon as their health check passes")
+        else:
+            why = "its copies are queued, starting, stopped or failed: the deployment's page in the console says which"
+        await self._refuse(send, 503, f"No copy of '{route.name}' is serving now; {why}.", code="no_copy_serving",
+                           kind="server_error", counted=False)
+        return True
+
+    async def _pass_on(self, receive, send, route: DeploymentRoute, copy: CopyRoute, response: upstream.Response,
+                       timeout: float | None) -> bool:
+        """The copy's answer to the client, each chunk as it arrives."""
+        try:
+            await send({"type": "http.response.start", "status": response.status,
+                        "headers": [(n, v) for n, v in response.headers if n not in HOP_BY_HOP]})
+            try:
+                while chunk := await response.read(timeout):
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except upstream.BrokeOff as exc:
+                if not isinstance(exc, upstream.TimedOut):
+                    self.copy_failed(route, copy, str(exc))
+                if any(n == b"content-type" and v.startswith(b"text/event-stream") for n, v in response.headers):
+                    event = {"error": {"message": f"Copy #{copy.number} of '{route.name}' {exc}.", "type": "server_error",
+                                       "param": None, "code": "copy_failed"}}
+                    await send({"type": "http.response.body", "body": b"data: " + json.dumps(event).encode() + b"\n\n"})
+                # else: returning without the body's end makes the server close the connection: no whole-looking answer
+                return True
+            await send({"type": "http.response.body", "body": b""})
+            return response.status >= 500
+        finally:
+            response.close()  # an answer cut short (the client left) closes the connection to the copy
+
+    def _unknown_model(self, name: str, key: KeyEntry) -> str:
+        serving = [route.name for route in self.table.serving(key)]
+        which = f"the gateway serves {_names(serving)}" if serving else "the gateway serves no model now"
+        return f"The model '{name}' does not exist: {which}."
+
+    async def _refuse(self, send, status: int, message: str, *, code: str, param: str | None = None,
+                      kind: str = "invalid_request_error", counted: bool = True) -> None:
+        if counted:
+            self.counts.refused += 1
+        await _error(send, status, message, code=code, param=param, kind=kind)
+
+
+# -- small pieces --------------------------------------------------------------------------------------------
+
+
+async def _read_body(receive, limit: int) -> bytes | None:
+    """The whole request body; None when it is larger than ``limit``."""
+    message = await receive()
+    if message["type"] == "http.disconnect":
+        raise ClientGone
+    body = message.get("body", b"")
+    if not message.get("more_body"):
+        return body if len(body) <= limit else None
+    chunks, size = [body], len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _database_close() -> None:
+    from django.db import connection
+
+    connection.close()
+
+
+async def _watch_disconnect(receive, task: asyncio.Task, state: dict) -> None:
+    """Cancel the request's task when its client goes away before the answer ended (the copy then stops)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not state["done"]:
+                state["gone"] = True
+                task.cancel()
+            return
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:NAMES_SHOWN])
+    return shown + (f" and {len(names) - NAMES_SHOWN} more" if len(names) > NAMES_SHOWN else "")
+
+
+def _model(route: DeploymentRoute) -> dict:
+    return {"id": route.name, "object": "model", "created": route.created, "owned_by": "fadenstack"}
+
+
+async def _answer(send, status: int, body: bytes, headers=JSON_HEADERS) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _answer_json(send, status: int, document) -> None:
+    await _answer(send, status, json.dumps(document).encode())
+
+
+async def _error(send, status: int, message: str, *, code: str, param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+    await _answer_json(send, status, {"error": {"message": message, "type": kind, "param": param, "code": code}})

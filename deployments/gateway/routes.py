@@ -1,0 +1,177 @@
+"""The gateway's route and key tables: read from the database in a thread, used by the event loop.
+
+``snapshot_load`` reads what the gateway needs in three small queries (deployments by name, the
+serving copies, the keys) and returns plain data; the gateway runs it every
+FADEN_GATEWAY_REFRESH seconds in a thread of its own and hands a changed snapshot to
+``RouteTable.apply`` on the event loop, so a request reads only in-memory dicts and nothing is locked.
+
+A copy's route keeps its requests in flight and its place in or out of rotation across refreshes,
+for as long as the copy keeps its address, port and serving time: a copy started again (a new
+``serving_since``) or moved comes back into rotation with a clean slate.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from deployments.choices import ROUTED
+
+
+@dataclass(eq=False)
+class CopyRoute:
+    """One serving copy as the gateway sees it."""
+
+    id: int
+    number: int
+    deployment: str  # the name clients use
+    host: str
+    port: int
+    since: str  # when it started serving: a new value means it was started again
+    in_flight: int = 0
+    out_since: float | None = None  # monotonic time it was taken out of rotation, None while in it
+    out_reason: str = ""
+
+    @property
+    def out(self) -> bool:
+        return self.out_since is not None
+
+    @property
+    def url(self) -> str:
+        return copy_url(self.host, self.port)
+
+    def take_out(self, reason: str) -> bool:
+        """Out of rotation at once; True when it was in rotation until now."""
+        was_in = self.out_since is None
+        if was_in:
+            self.out_since = time.monotonic()
+        self.out_reason = reason
+        return was_in
+
+    def put_back(self) -> None:
+        self.out_since, self.out_reason = None, ""
+
+
+@dataclass(eq=False)
+class DeploymentRoute:
+    """A deployment's name, id and serving copies; ``pick`` chooses where a request goes."""
+
+    id: int
+    name: str
+    created: int = 0  # when the deployment was made, in Unix seconds (OpenAI's model "created")
+    copies: list[CopyRoute] = field(default_factory=list)
+    turn: int = 0  # where the next look starts, so that copies tied on requests in flight take turns
+
+    def pick(self, tried: set[int] | tuple = ()) -> CopyRoute | None:
+        """The copy in rotation with the fewest requests in flight, not among ``tried``; ties rotate."""
+        copies = self.copies
+        count = len(copies)
+        if not count:
+            return None
+        start = self.turn % count
+        self.turn = start + 1
+        best = None
+        for index in range(start, start + count):
+            copy = copies[index % count]
+            if copy.out_since is not None or copy.id in tried:
+                continue
+            if best is None or copy.in_flight < best.in_flight:
+                best = copy
+                if not copy.in_flight:
+                    break  # nothing beats an idle copy
+        return best
+
+    @property
+    def in_rotation(self) -> list[CopyRoute]:
+        return [copy for copy in self.copies if copy.out_since is None]
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    """A key the gateway knows: its id (for last used), the names it may use (None: every one), and
+    whether it was revoked (kept to say so rather than "incorrect")."""
+
+    id: int
+    allowed: frozenset[str] | None
+    revoked: bool = False
+
+    def may_use(self, name: str) -> bool:
+        return self.allowed is None or name in self.allowed
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the database says, as plain data (equal snapshots mean nothing changed)."""
+
+    deployments: tuple[tuple[str, int, int], ...]  # (name, id, created in Unix seconds), by name
+    copies: tuple[tuple[int, int, int, str, int, str], ...]  # (copy id, deployment id, number, address, port, since)
+    keys: tuple[tuple[str, int, tuple[str, ...], bool], ...]  # (sha256, key id, limited to names or (), revoked)
+
+
+def copy_url(address: str, port: int) -> str:
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}"
+
+
+def snapshot_load() -> Snapshot:
+    """The deployments, their serving copies and the keys: three queries, whatever the size."""
+    from deployments.models import Copy, Deployment, GatewayKey
+
+    deployments = tuple((name, pk, int(created.timestamp())) for name, pk, created in
+                        Deployment.objects.order_by("name").values_list("name", "id", "created_at"))
+    copies = tuple(
+        (pk, deployment, number, address, port, since.isoformat() if since else "")
+        for pk, deployment, number, address, port, since in Copy.objects.filter(
+            state__in=ROUTED, address__isnull=False, port__isnull=False,
+        ).order_by("deployment_id", "number").values_list("id", "deployment_id", "number", "address", "port", "serving_since")
+    )
+    keys = tuple(
+        (digest, pk, tuple(names) if isinstance(names, list) else (), revoked is not None)
+        for pk, digest, names, revoked in GatewayKey.objects.order_by("pk").values_list(
+            "id", "key_hash", "deployments", "revoked_at")
+    )
+    return Snapshot(deployments=deployments, copies=copies, keys=keys)
+
+
+class RouteTable:
+    """The deployments by name with their copies, and the keys by their sha256. Used on the event loop only."""
+
+    def __init__(self):
+        self.deployments: dict[str, DeploymentRoute] = {}
+        self.keys: dict[str, KeyEntry] = {}
+        self.copies: dict[int, CopyRoute] = {}
+        self.snapshot: Snapshot | None = None
+
+    def apply(self, snapshot: Snapshot) -> dict[str, list]:
+        """Take in what the database says now; returns the copies that came and went (for the log)."""
+        if snapshot == self.snapshot:
+            return {"added": [], "removed": []}
+        names = {pk: name for name, pk, _ in snapshot.deployments}
+        deployments = {name: DeploymentRoute(id=pk, name=name, created=created) for name, pk, created in snapshot.deployments}
+        copies: dict[int, CopyRoute] = {}
+        for pk, deployment_id, number, host, port, since in snapshot.copies:
+            name = names.get(deployment_id)
+            if name is None:
+                continue
+            route = self.copies.get(pk)
+            if route is None or (route.host, route.port, route.since) != (host, port, since):
+                route = CopyRoute(id=pk, number=number, deployment=name, host=host, port=port, since=since)
+            copies[pk] = route
+            deployments[name].copies.append(route)
+        for name, route in deployments.items():
+            if (old := self.deployments.get(name)) is not None:
+                route.turn = old.turn
+        added = [copies[pk] for pk in copies.keys() - self.copies.keys()]
+        removed = [self.copies[pk] for pk in self.copies.keys() - copies.keys()]
+        self.deployments, self.copies = deployments, copies
+        self.keys = {digest: KeyEntry(id=pk, allowed=frozenset(names) if names else None, revoked=revoked)
+                     for digest, pk, names, revoked in snapshot.keys}
+        self.snapshot = snapshot
+        return {"added": added, "removed": removed}
+
+    def serving(self, key: KeyEntry | None = None) -> list[DeploymentRoute]:
+        """The deployments with a copy in rotation (that ``key`` may use), by name."""
+        return [route for name, route in self.deployments.items()
+                if route.in_rotation and (key is None or key.may_use(name))]
+
+    def out_of_rotation(self) -> list[CopyRoute]:
+        return [copy for copy in self.copies.values() if copy.out_since is not None]

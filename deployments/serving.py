@@ -1,0 +1,409 @@
+"""Copies running for real: the job that brings a deployment's copies to what is wanted, and their stops.
+
+``deployment.apply`` (a job on the deployment, so the cluster's own actions are never blocked by it):
+
+1. *Copy the model*: the machines of the copies it starts get the model's files first (the chain of
+   ``copies.files_to_members``, or each machine's own download, per the cluster's model source);
+2. *Start the copies*: each copy's engine is started by the agent of its (first) machine inside the
+   cluster's runtime container, with exactly the GPUs and the port its slots name (``engine.vllm_command``);
+   a copy over several machines first gets a Ray of its own on them (``copy_procs``);
+3. *Wait until they serve*: a copy reads Serving once its engine answers its health and lists the model
+   (the agent asks on the machine: the server may not reach the cluster's network); meanwhile its last log
+   lines show, and an engine that exits reads Failed in its own words.
+
+Each copy is claimed by a conditional update (Queued -> Copying the model), so two jobs of one deployment
+never start the same copy. Copies being stopped (scaled down, deleted, or with their cluster) are stopped
+first. Nothing here restarts a running copy: scaling touches only the difference.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from clusters.choices import ClusterState, MemberState
+from clusters.fanout import each
+from clusters.lifecycle import cluster_changed
+from clusters.models import ClusterMember
+from console import live
+from console.choices import JOB_ACTIVE, JobState
+from console.jobs import JobContext, JobError, job_start
+from console.lifecycle import InvalidTransition
+from console.models import Job
+from deployments import copies as model_copies
+from deployments import copy_procs
+from deployments import engine, placement, rooms
+from deployments.asks import ask_of, port_range, slot_json
+from deployments.choices import COPY_TRANSITIONS, HOLDS_ROOM, CopyState, ModelState
+from deployments.models import Copy, Deployment, ModelHolding
+from machines.agent_client import Agent, AgentError
+
+KIND = "deployment.apply"
+COPY_FILES = "Copy the model"
+START = "Start the copies"
+WAIT = "Wait until they serve"
+STEPS = (COPY_FILES, START, WAIT)
+
+DELETE_KIND = "deployment.delete"
+STOP = "Stop the copies"
+STOP_STEPS = (STOP,)
+
+POLL_SECONDS = 1.0  # how often the machines are asked about starting copies
+LOG_LINES = 12
+
+
+# -- pushes and the one guard ---------------------------------------------------------------------
+
+
+def deployment_changed(deployment: Deployment | int, cluster_id: int | None = None) -> None:
+    """Push the deployment's page, its row of the list, and the cluster page's models card."""
+    pk = deployment if isinstance(deployment, int) else deployment.pk
+    cluster_id = cluster_id if cluster_id is not None else getattr(deployment, "cluster_id", None)
+    live.push(f"deployment:{pk}")
+    live.push("deployments", part=str(pk))
+    if cluster_id:
+        cluster_changed(cluster_id, part="cards")
+
+
+def _sources(to: str) -> list[str]:
+    return [state for state, targets in COPY_TRANSITIONS.items() if to in targets or state == to]
+
+
+def copy_transition(copy: Copy, *, to: str, reason: str = "", only_from=None, **fields) -> bool:
+    """The one way a copy changes state: checked against the table in the UPDATE itself (a job holding
+    an older object cannot write a state the table forbids). False when the copy was not in a state
+    ``only_from`` (or the table) allows; then nothing is written."""
+    allowed = [s for s in _sources(to) if only_from is None or s in only_from]
+    changed = {"state_changed_at": timezone.now()} if copy.state != to else {}
+    updated = Copy.objects.filter(pk=copy.pk, state__in=allowed).update(state=to, state_reason=reason, **changed, **fields)
+    if not updated:
+        if only_from is None and Copy.objects.filter(pk=copy.pk).exists():
+            current = Copy.objects.filter(pk=copy.pk).values_list("state", flat=True).first()
+            raise InvalidTransition(f"{copy} cannot go from {CopyState(current).label} to {CopyState(to).label}.")
+        return False
+    copy.state, copy.state_reason = to, reason
+    for name, value in fields.items():
+        setattr(copy, name, value)
+    return True
+
+
+# -- starting the job -------------------------------------------------------------------------------
+
+
+def apply_start(deployment: Deployment, *, user=None) -> Job:
+    """Start the apply job; when one is active already, it goes round once more instead (one apply job
+    per deployment at a time: it alone claims and starts copies). A job that has said it is closing
+    (``closing``, written under the row lock) reads nothing more, so a new one starts then."""
+    with transaction.atomic():
+        active = (Job.objects.select_for_update().filter(kind=KIND, target_type="deployment", target_id=deployment.pk,
+                                                         state__in=JOB_ACTIVE).order_by("-created_at").first())
+        if active is not None and not active.params.get("closing"):
+            if active.state == JobState.RUNNING and not active.params.get("again"):
+                active.params["again"] = True
+                active.save(update_fields=["params"])
+            return active
+        return job_start(kind=KIND, title=f"Apply {deployment.name}", target_type="deployment", target_id=deployment.pk,
+                         steps=STEPS, user=user)
+
+
+def another_round(job: Job) -> bool:
+    """Asked by the apply job before it ends: was more asked of it meanwhile? If not, it says it is closing."""
+    with transaction.atomic():
+        row = Job.objects.select_for_update().get(pk=job.pk)
+        again = bool(row.params.pop("again", False))
+        if not again:
+            row.params["closing"] = True
+        row.save(update_fields=["params"])
+        job.params = row.params
+    return again
+
+
+def addresses_fill(deployment: Deployment) -> None:
+    """Each placed copy listens on its machine's address on the cluster's network."""
+    addresses = dict(ClusterMember.objects.filter(cluster_id=deployment.cluster_id).values_list("machine_id", "address"))
+    for copy in deployment.copy_rows.filter(machine__isnull=False):
+        address = addresses.get(copy.machine_id)
+        if address and copy.address != address:
+            Copy.objects.filter(pk=copy.pk).update(address=address)
+
+
+def copy_stop_begin(copy: Copy) -> None:
+    """Scaling down: a copy that holds nothing goes at once; the others are stopped by the apply job."""
+    if copy.state in HOLDS_ROOM:
+        copy_transition(copy, to=CopyState.STOPPING, reason="Scaled down: stopping.")
+    else:
+        copy.delete()
+
+
+@dataclass(frozen=True)
+class Deleted:
+    job: Job | None  # stopping its copies; None when the record went at once
+    left_on: tuple[str, ...] = ()  # machines whose copies may still run (the cluster could not be reached)
+
+    @property
+    def words(self) -> str:
+        if self.job is not None:
+            return "Its copies stop, then it is deleted."
+        if self.left_on:
+            return (f"Deleted. The cluster could not be reached, so its copies may still be running on "
+                    f"{', '.join(self.left_on)}: they hold GPUs and answer at the gateway until they are found.")
+        return "Deleted."
+
+
+def delete_start(deployment: Deployment, *, user=None) -> Deleted:
+    """Delete: stop the copies that run, then the record goes. When the cluster cannot be reached (not
+    running, or no machine up) the record goes at once, and what may still run is named."""
+    running = deployment.copy_rows.filter(state__in=HOLDS_ROOM)
+    cluster = deployment.cluster
+    reachable = cluster.state == ClusterState.RUNNING and cluster.members.filter(state=MemberState.JOINED).exists()
+    if not running.exists() or not reachable:
+        pk, cluster_id = deployment.pk, deployment.cluster_id
+        left = tuple(dict.fromkeys(running.exclude(state=CopyState.STOPPING).values_list("machine__name", flat=True)))
+        deployment.delete()
+        transaction.on_commit(lambda: deployment_changed(pk, cluster_id))
+        return Deleted(job=None, left_on=tuple(n for n in left if n))
+    Deployment.objects.filter(pk=deployment.pk).update(deleting_since=timezone.now())
+    for copy in deployment.copy_rows.all():
+        copy_stop_begin(copy)
+    return Deleted(job=job_start(kind=DELETE_KIND, title=f"Delete {deployment.name}", target_type="deployment",
+                                 target_id=deployment.pk, steps=STOP_STEPS, user=user))
+
+
+# -- the jobs ---------------------------------------------------------------------------------------
+
+
+def _resumed(deployment: Deployment) -> None:
+    """A worker died in the middle of this job (the only one that claims copies): what it had claimed
+    but not started goes back to the queue; engines it started are looked at again."""
+    deployment.copy_rows.filter(state=CopyState.COPYING).update(state=CopyState.QUEUED, state_reason="Waiting for its turn to start.")
+
+
+def apply_once(ctx: JobContext, deployment_id: int) -> list[str]:
+    deployment = Deployment.objects.select_related("cluster", "model").filter(pk=deployment_id).first()
+    if deployment is None or deployment.deleting_since:
+        return []
+    if ctx.job.resumes:
+        _resumed(deployment)
+    stops(deployment)
+    _queued_placed_again(deployment)
+    if deployment.model.state != ModelState.READY:
+        deployment.copy_rows.filter(state=CopyState.QUEUED).update(
+            state_reason=f"Waiting for {deployment.model} to be in the server's store.")
+        ctx.detail(f"Waiting for {deployment.model}'s download")
+        deployment_changed(deployment)
+        return []
+    mine = _claim(deployment)
+    starting = list(deployment.copy_rows.filter(state=CopyState.STARTING).select_related("machine"))
+    if not mine and not starting:
+        ctx.detail("Nothing to start")
+        deployment_changed(deployment)
+        return []
+
+    ctx.step(COPY_FILES)
+    mine = _files(ctx, deployment, mine) if mine else []
+    ctx.step(START)
+    failures = each(mine, lambda c: _start(deployment, c))
+    started = starting + [c for c in mine if c.state == CopyState.STARTING]
+    ctx.step(WAIT, f"{len(started)} cop{'ies' if len(started) != 1 else 'y'} loading the model")
+    failures += _wait(ctx, deployment, started)
+    deployment_changed(deployment)
+    return failures
+
+
+def delete_run(ctx: JobContext, *, deployment_id: int) -> None:
+    deployment = Deployment.objects.select_related("cluster").filter(pk=deployment_id).first()
+    if deployment is None:
+        return
+    ctx.step(STOP)
+    failures = stops(deployment)
+    if failures:
+        raise JobError("; ".join(failures) + ". Try Delete again once the machines are back.")
+    pk, cluster_id = deployment.pk, deployment.cluster_id
+    deployment.delete()
+    ctx.on_success(lambda: deployment_changed(pk, cluster_id))
+
+
+def _members(deployment: Deployment) -> dict[int, ClusterMember]:
+    return {m.machine_id: m for m in ClusterMember.objects.filter(cluster_id=deployment.cluster_id).select_related("machine")}
+
+
+def stops(deployment: Deployment) -> list[str]:
+    """Stop every copy being stopped: scaled down or deleted ones go, those of a stopping cluster stay Stopped."""
+    stopping = list(deployment.copy_rows.filter(state=CopyState.STOPPING).select_related("machine"))
+    if not stopping:
+        return []
+    members = _members(deployment)
+
+    def stop(copy: Copy) -> str | None:
+        if failures := copy_procs.stop(copy, members):
+            return "; ".join(failures)
+        copy.delete()
+        return None
+
+    failures = each(stopping, stop)
+    deployment_changed(deployment)
+    return failures
+
+
+def _queued_placed_again(deployment: Deployment) -> None:
+    """Copies waiting for room (or whose machine left) are planned again: room may have appeared."""
+    waiting = list(deployment.copy_rows.filter(state=CopyState.QUEUED).filter(
+        Q(machine__isnull=True) | ~Q(machine__membership__cluster_id=deployment.cluster_id)
+        | ~Q(machine__membership__state=MemberState.JOINED)).order_by("number"))
+    if not waiting:
+        return
+    ask = ask_of(deployment)
+    with transaction.atomic():
+        plan = placement.plan(rooms.cluster_rooms(deployment.cluster, leaving_out=[c.pk for c in waiting]),
+                              ask.wanted(len(waiting), deployment_id=deployment.pk), port_range=port_range())
+        for copy, placed in zip(waiting, plan.placed):
+            Copy.objects.filter(pk=copy.pk).update(machine_id=placed.slots[0].machine_id, port=placed.slots[0].port,
+                                                   slots=[slot_json(s) for s in placed.slots],
+                                                   state_reason="Waiting for its turn to start.")
+        for copy, unplaced in zip(waiting[len(plan.placed):], plan.unplaced):
+            Copy.objects.filter(pk=copy.pk).update(machine=None, slots=[], port=None, address=None,
+                                                   state_reason=f"Waiting for room: {unplaced.reason}.")
+    addresses_fill(deployment)
+
+
+def _claim(deployment: Deployment) -> list[Copy]:
+    """The queued copies that have a place, each taken by this job alone."""
+    claimed = []
+    for copy in deployment.copy_rows.filter(state=CopyState.QUEUED, machine__isnull=False).select_related("machine"):
+        if copy_transition(copy, to=CopyState.COPYING, reason="Its machine gets the model's files.",
+                           only_from=[CopyState.QUEUED]):
+            claimed.append(copy)
+    deployment_changed(deployment)
+    return claimed
+
+
+def _files(ctx: JobContext, deployment: Deployment, mine: list[Copy]) -> list[Copy]:
+    """The model's files onto every machine of the claimed copies that lacks them; copies whose machine
+    did not get them read Failed with why."""
+    members = _members(deployment)
+    machine_ids = {slot["machine"] for copy in mine for slot in copy.slots}
+    holding = set(ModelHolding.objects.filter(model=deployment.model, machine_id__in=machine_ids).values_list("machine_id", flat=True))
+    lacking = [members[m] for m in sorted(machine_ids - holding) if m in members]
+    if not lacking:
+        ctx.detail("Every machine holds the model already")
+        return mine
+    failed = model_copies.files_to_members(ctx, deployment.cluster, deployment.model, lacking, steps=False)
+    failed_machines = {m.machine_id: failed[m.pk] for m in lacking if m.pk in failed}
+    kept = []
+    for copy in mine:
+        why = next((failed_machines[s["machine"]] for s in copy.slots if s["machine"] in failed_machines), None)
+        if why:
+            copy_transition(copy, to=CopyState.FAILED, reason=f"The model's files did not reach its machine: {why}")
+        else:
+            kept.append(copy)
+    return kept
+
+
+def command_of(deployment: Deployment, copy: Copy, model_dir: str) -> engine.EngineCommand:
+    first = copy.slots[0]
+    return engine.vllm_command(
+        model_dir=model_dir, name=deployment.name, address=copy.address, port=copy.port, vendor=deployment.gpu_vendor,
+        gpu_indices=first["gpus"], machines=len(copy.slots), memory_per_gpu_mib=deployment.memory_per_gpu_mib,
+        gpu_memory_mib=deployment.gpu_memory_mib, context_length=deployment.context_length,
+        options=deployment.engine_options)
+
+
+def _start(deployment: Deployment, copy: Copy) -> str | None:
+    holding = ModelHolding.objects.filter(model=deployment.model, machine_id=copy.machine_id).first()
+    if holding is None:
+        copy_transition(copy, to=CopyState.FAILED, reason="Its machine does not hold the model's files.")
+        return f"{copy}: its machine does not hold the model's files"
+    command = command_of(deployment, copy, holding.path)
+    copy_transition(copy, to=CopyState.STARTING, reason="The engine loads the model.", log_tail="")
+    try:
+        pid = copy_procs.start(deployment, copy, command, _members(deployment))
+    except copy_procs.CopyStartError as exc:
+        copy_transition(copy, to=CopyState.FAILED, reason=str(exc))
+        return f"{copy}: {exc}"
+    Copy.objects.filter(pk=copy.pk).update(pid=pid)
+    deployment_changed(deployment)
+    return None
+
+
+def _wait(ctx: JobContext, deployment: Deployment, started: list[Copy]) -> list[str]:
+    """Ask the machines about their starting copies until each serves or fails (or the start timeout)."""
+    deadline = time.monotonic() + settings.FADEN_COPY_START_TIMEOUT
+    waiting = {c.pk: c for c in started}
+    failures: list[str] = []
+    while waiting:
+        ctx.check_cancel()
+        by_machine: dict[int, list[Copy]] = {}
+        for copy in waiting.values():
+            by_machine.setdefault(copy.machine_id, []).append(copy)
+
+        def look(copies: list[Copy]) -> str | None:
+            machine = copies[0].machine
+            try:
+                with Agent.open(machine) as agent:
+                    listed = {s.copy: s for s in agent.copy_list()}
+            except AgentError as exc:
+                return None if exc.kind == "unreachable" else f"{machine.name}: {exc.message}"
+            for copy in copies:
+                status = listed.get(copy.key)
+                if status is not None and status.healthy:
+                    copy_transition(copy, to=CopyState.SERVING, reason="", pid=status.pid, serving_since=timezone.now(),
+                                    log_tail="")
+                    waiting.pop(copy.pk, None)
+                elif status is None or not status.running:
+                    words = (status.log_tail if status else "") or "The engine is not running."
+                    copy_transition(copy, to=CopyState.FAILED, reason=last_line(words), log_tail=words)
+                    failures.append(f"{copy} on {machine.name}: {last_line(words)}")
+                    waiting.pop(copy.pk, None)
+                elif status.log_tail != copy.log_tail:
+                    Copy.objects.filter(pk=copy.pk).update(log_tail=status.log_tail)
+                    copy.log_tail = status.log_tail
+            return None
+
+        failures += each(list(by_machine.values()), look)
+        ctx.detail(f"{len(waiting)} cop{'ies' if len(waiting) != 1 else 'y'} loading the model" if waiting else "Serving")
+        deployment_changed(deployment)
+        if waiting and time.monotonic() > deadline:
+            for copy in waiting.values():
+                copy_transition(copy, to=CopyState.FAILED,
+                                reason=f"Not serving after {settings.FADEN_COPY_START_TIMEOUT} s: {last_line(copy.log_tail)}")
+                failures.append(f"{copy} did not serve in time")
+            break
+        if waiting:
+            time.sleep(POLL_SECONDS)  # the machines are asked again: loading a model takes what it takes
+    return failures
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+# -- the cluster's life ------------------------------------------------------------------------------
+
+
+def cluster_stopping(cluster, deleting: bool = False) -> None:
+    """Stop keeps the deployments; its copies read Stopped (the runtime's stop ends their engines)."""
+    copies = Copy.objects.filter(deployment__cluster=cluster).exclude(state=CopyState.STOPPED)
+    copies.filter(state__in=HOLDS_ROOM | {CopyState.QUEUED}).update(
+        state=CopyState.STOPPED, state_reason=f"{cluster.name} is stopped: started again when it starts.",
+        state_changed_at=timezone.now(), pid=None)
+    for pk in Deployment.objects.filter(cluster=cluster).values_list("pk", flat=True):
+        transaction.on_commit(lambda pk=pk: deployment_changed(pk, cluster.pk))
+
+
+def cluster_running(cluster) -> None:
+    """Start (or a head's restart) applies the cluster's models again: their copies start where they were."""
+    for deployment in Deployment.objects.filter(cluster=cluster, deleting_since__isnull=True):
+        deployment.copy_rows.filter(state__in=[CopyState.STOPPED, CopyState.SERVING, CopyState.STARTING,
+                                               CopyState.COPYING, CopyState.FAILED]).update(
+            state=CopyState.QUEUED, state_reason="Waiting for its turn to start.", state_changed_at=timezone.now(), pid=None)
+        apply_start(deployment)
+
+
+def active_job(deployment: Deployment) -> Job | None:
+    return (Job.objects.filter(target_type="deployment", target_id=deployment.pk, state__in=JOB_ACTIVE)
+            .order_by("-created_at").first())
