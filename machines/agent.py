@@ -56,7 +56,7 @@ def agent_build() -> AgentBuild:
                 archive.writestr(info, file.read_bytes())
         main = zipfile.ZipInfo("__main__.py", date_time=_EPOCH)
         main.compress_type = zipfile.ZIP_DEFLATED
-        archive.writestr(main, f"import sys\nfrom {PACKAGE}.__main__ import main\nsys.exit(main())\n")
+        archive.writestr(main, (AGENT_SOURCE / "zipmain.py").read_bytes())  # runs the package unpacked beside the zip
     content = data.getvalue()
     digest = hashlib.sha256(content).hexdigest()
     out_dir = Path(settings.DATA_DIR) / "agent-builds"

@@ -105,18 +105,27 @@ def runtime_dir(store: str) -> str:
     return os.path.join(store, "runtime")
 
 
+# The zipapp this code came from when it runs from the copy unpacked beside it (set by the zip's
+# ``__main__``, agent/zipmain.py); None otherwise.
+ZIP_PATH = None
+
+
 def _package_parent() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def running_zip():
-    """Absolute path of the zipapp this code runs from, or None from a source tree."""
+    """Absolute path of the zipapp this code runs from (or was unpacked from), or None from a source tree."""
+    if ZIP_PATH:
+        return ZIP_PATH
     parent = _package_parent()
     return parent if os.path.isfile(parent) else None
 
 
 def source_root():
     """The directory holding the ``fadenstack_agent`` package, or None when zipped."""
+    if ZIP_PATH:
+        return None
     parent = _package_parent()
     return parent if os.path.isdir(parent) else None
 

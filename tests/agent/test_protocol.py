@@ -10,7 +10,9 @@ import re
 import pytest
 
 from fadenstack_agent import cli, protocol
-from fadenstack_agent.__main__ import COMMAND_MODULES
+from fadenstack_agent.__main__ import COMMAND_MODULE_NAMES, MODULES_OF, load_commands
+
+COMMAND_MODULES = load_commands()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -45,6 +47,14 @@ def test_the_protocol_document_lists_every_command_with_its_flags():
 def test_the_entry_point_imports_exactly_the_modules_that_declare_commands():
     declaring = {cmd.handler.__module__ for cmd in cli.COMMANDS.values()}
     assert declaring == {module.__name__ for module in COMMAND_MODULES}
+
+
+def test_each_first_word_loads_exactly_the_modules_that_declare_commands_under_it():
+    declaring: dict = {}
+    for cmd in cli.COMMANDS.values():
+        declaring.setdefault(cmd.path[0], set()).add(cmd.handler.__module__.rsplit(".", 1)[1])
+    assert {word: set(names) for word, names in MODULES_OF.items()} == declaring
+    assert set(itertools.chain(*MODULES_OF.values())) == set(COMMAND_MODULE_NAMES)
 
 
 def test_every_command_has_a_docstring_and_a_single_declaration():

@@ -77,3 +77,43 @@ def test_the_zipapp_runs_version_with_the_machines_python_and_prints_the_version
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result == {"event": "result", "version": version}
+
+
+def _run(python_args: list, cwd, env_extra=None) -> dict:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(cwd), "LC_ALL": "C", **(env_extra or {})}
+    done = subprocess.run([MACHINE_PYTHON, *python_args], capture_output=True, text=True, timeout=30, cwd=cwd, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not os.path.exists(MACHINE_PYTHON), reason=f"no {MACHINE_PYTHON} on this host")
+def test_the_zipapp_runs_from_a_copy_unpacked_beside_it_with_its_bytecode_and_a_replaced_build_gets_its_own(
+        fresh_build, tmp_path):
+    installed = tmp_path / "agent" / "fadenstack-agent-9.pyz"
+    installed.parent.mkdir()
+    installed.write_bytes(agent.agent_build().path.read_bytes())
+
+    # PYTHONDONTWRITEBYTECODE (set in some shells) does not stop the copy's bytecode: it is what the copy is for.
+    _run([str(installed), "version"], tmp_path, {"PYTHONDONTWRITEBYTECODE": "1"})
+    copies = list((installed.parent / ".unpacked").iterdir())
+    assert [c.name for c in copies] == [f"{installed.name}-{agent.agent_build().sha256[:16]}"]
+    assert list((copies[0] / agent.PACKAGE / "__pycache__").glob("__main__.*.pyc"))
+
+    # A new build under the same name: its own copy, and the old one goes.
+    import zipfile
+    with zipfile.ZipFile(installed, "a") as archive:  # the same zip with a comment: other bytes, another digest
+        archive.comment = b"rebuilt"
+    assert _run([str(installed), "version"], tmp_path)["event"] == "result"
+    assert [c.name for c in (installed.parent / ".unpacked").iterdir()] != [copies[0].name]
+    assert len(list((installed.parent / ".unpacked").iterdir())) == 1
+
+
+@pytest.mark.skipif(not os.path.exists(MACHINE_PYTHON), reason=f"no {MACHINE_PYTHON} on this host")
+def test_the_zipapp_runs_from_the_zip_where_nothing_can_be_unpacked(fresh_build, tmp_path):
+    installed = tmp_path / "agent" / "fadenstack-agent-9.pyz"
+    installed.parent.mkdir()
+    installed.write_bytes(agent.agent_build().path.read_bytes())
+    (installed.parent / ".unpacked").write_text("a file where the directory would go: it cannot be made")
+
+    assert _run([str(installed), "version"], tmp_path)["event"] == "result"
+    assert (installed.parent / ".unpacked").is_file()
