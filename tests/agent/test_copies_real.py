@@ -6,20 +6,18 @@ given and serves ``/health`` with busybox's httpd on the spec's address and port
 import json
 import os
 import resource
-import shutil
-import tarfile
 import uuid
 
 import pytest
 
 from .dockerd import docker_env  # noqa: F401  (a fixture)
 from .imagehelpers import Machine
-from .test_engines_real import GLOBAL_ARGS, Engine, _hard_limit, agent, engine_missing, hold_runtime_image
+from .test_engines_real import GLOBAL_ARGS, _hard_limit, agent, busybox_rootfs, hold_runtime_image
+from .test_engines_real import engine  # noqa: F401  (a fixture)
 from .test_copies import free_port
 
 pytestmark = pytest.mark.xdist_group("lab")
 
-BUSYBOX = shutil.which("busybox") or "/bin/busybox"
 APPLETS = ("sh", "sleep", "httpd", "mkdir", "kill", "cat", "true")
 FAKE_VLLM = """#!/bin/sh
 echo "fake engine: $* CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES pace=$FADEN_LAB_ENGINE_PACE"
@@ -32,29 +30,12 @@ exec httpd -f -p "$host:$port" -h /tmp/www
 """
 
 
-@pytest.fixture(params=["podman", "docker"])
-def engine(request):
-    why = engine_missing(request.param)
-    if why:
-        pytest.skip(why)
-    return Engine(request.param, request.getfixturevalue("docker_env") if request.param == "docker" else None)
-
-
 @pytest.fixture
 def world(engine, tmp_path):
     """A machine whose runtime (a busybox image with the fake vllm) is loaded and started for a cluster."""
     tag = "localhost/faden-test-%s:1" % uuid.uuid4().hex[:10]
     label = "faden-test-" + uuid.uuid4().hex[:10]
-    root = tmp_path / "rootfs"
-    (root / "bin").mkdir(parents=True)
-    shutil.copy(BUSYBOX, str(root / "bin" / "busybox"))
-    for applet in APPLETS:
-        os.symlink("busybox", str(root / "bin" / applet))
-    (root / "bin" / "vllm").write_text(FAKE_VLLM)
-    (root / "bin" / "vllm").chmod(0o755)
-    (root / "tmp").mkdir(mode=0o1777)
-    with tarfile.open(str(tmp_path / "rootfs.tar"), "w") as tar:
-        tar.add(str(root), arcname=".")
+    busybox_rootfs(tmp_path, applets=APPLETS, bin_files={"vllm": FAKE_VLLM}, tmp=True)
     machine = Machine(tmp_path, "m1")
     machine.env.update(engine.env)
     os.makedirs(machine.store)

@@ -72,6 +72,24 @@ class Engine:
                 for name in proc.stdout.decode().split()}
 
 
+def busybox_rootfs(tmp_path, applets=APPLETS, bin_files=None, tmp=False):
+    """``tmp_path/rootfs.tar``: busybox with ``applets`` linked in /bin, ``bin_files`` ({name: script})
+    beside them, and a world-writable /tmp when asked."""
+    root = tmp_path / "rootfs"
+    (root / "bin").mkdir(parents=True)
+    shutil.copy(BUSYBOX, str(root / "bin" / "busybox"))
+    for applet in applets:
+        os.symlink("busybox", str(root / "bin" / applet))
+    for name, script in (bin_files or {}).items():
+        (root / "bin" / name).write_text(script)
+        (root / "bin" / name).chmod(0o755)
+    if tmp:
+        (root / "tmp").mkdir(mode=0o1777)
+    with tarfile.open(str(tmp_path / "rootfs.tar"), "w") as tar:
+        tar.add(str(root), arcname=".")
+    return tmp_path / "rootfs.tar"
+
+
 @pytest.fixture(params=["podman", "docker"])
 def engine(request):
     why = engine_missing(request.param)
@@ -85,13 +103,7 @@ def world(engine, tmp_path):
     """A machine (store, config naming no driver) and a busybox root file system to make images of."""
     tag = "localhost/faden-test-%s:1" % uuid.uuid4().hex[:10]
     machine_label = "faden-test-" + uuid.uuid4().hex[:10]
-    root = tmp_path / "rootfs"
-    (root / "bin").mkdir(parents=True)
-    shutil.copy(BUSYBOX, str(root / "bin" / "busybox"))
-    for applet in APPLETS:
-        os.symlink("busybox", str(root / "bin" / applet))
-    with tarfile.open(str(tmp_path / "rootfs.tar"), "w") as tar:
-        tar.add(str(root), arcname=".")
+    busybox_rootfs(tmp_path)
     machine = Machine(tmp_path, "m1")
     machine.env.update(engine.env)
     os.makedirs(machine.store)
