@@ -48,21 +48,21 @@ def model_delete_refusal(model: StoredModel) -> str | None:
     return None
 
 
-def agents_refusal(cluster) -> str | None:
-    """Why the cluster's machines cannot take models yet (an agent older than MODELS_AGENT); None when they can."""
-    old = [m.machine for m in cluster.members.select_related("machine") if agent_outdated(m.machine.agent_version, MODELS_AGENT)]
+def _outdated_agents(cluster, *, needed: str, what: str) -> str | None:
+    """Why ``what`` cannot run on the cluster's machines yet (an agent older than ``needed``); None when it can."""
+    old = [m.machine for m in cluster.members.select_related("machine") if agent_outdated(m.machine.agent_version, needed)]
     if not old:
         return None
     names = ", ".join(f"{m.name} ({m.agent_version or 'unknown'})" for m in old)
-    return (f"Models need agent {MODELS_AGENT} or newer on every machine; {names} run{'s' if len(old) == 1 else ''} an older "
+    return (f"{what} need agent {needed} or newer on every machine; {names} run{'s' if len(old) == 1 else ''} an older "
             "one: select Update agent on its page first.")
+
+
+def agents_refusal(cluster) -> str | None:
+    """Why the cluster's machines cannot take models yet (an agent older than MODELS_AGENT); None when they can."""
+    return _outdated_agents(cluster, needed=MODELS_AGENT, what="Models")
 
 
 def copies_agents_refusal(cluster) -> str | None:
     """Why copies cannot run on the cluster's machines yet (an agent older than COPIES_AGENT); None when they can."""
-    old = [m.machine for m in cluster.members.select_related("machine") if agent_outdated(m.machine.agent_version, COPIES_AGENT)]
-    if not old:
-        return None
-    names = ", ".join(f"{m.name} ({m.agent_version or 'unknown'})" for m in old)
-    return (f"Deployments need agent {COPIES_AGENT} or newer on every machine; {names} run{'s' if len(old) == 1 else ''} an "
-            "older one: select Update agent on its page first.")
+    return _outdated_agents(cluster, needed=COPIES_AGENT, what="Deployments")
