@@ -4,7 +4,9 @@ console's key on its machines, healed between modules, taken down at the end.
 - ``lab``: the lab, up, with every fault of an earlier module undone (power, links, sshd, ports, disks);
   a module that injects faults undoes its own as well, but a failed test may leave one behind.
 - ``fresh_lab``: for the modules that test the lab itself (its `up`, its `down`, a machine's files as
-  `up` made them): the lab taken down and put up again for them; the next module finds it up again.
+  `up` made them): a lab this run's `up` has just built: taken down and put up again, unless no module
+  has used it yet (tests/lab/test_lab.py runs first, tests/conftest.py LAB_FIRST, so the run's first
+  `up` is its own); the next module finds it up again.
 - machines run the `process` runtime unless a module switches them to Podman (`lab.runtime`) and back;
 - ``lab_machine(name)``: a machine's status now (its address, its host key as it is now).
 - ``console_url``: the in-process live server as the machines reach it (for heartbeats).
@@ -88,7 +90,8 @@ def lab(lab_session) -> Lab:
 
 @pytest.fixture(scope="module")
 def fresh_lab(lab_session) -> Lab:
-    lab_session.down()
+    if lab_session.is_up():
+        lab_session.down()
     yield _up(lab_session)
     lab_session.heal()
 

@@ -1,9 +1,10 @@
 """Ray for real in the lab, driven through the agent over SSH: a head on
 lab-a, lab-b joining it, Ray's own status, a taken port on lab-c, stopping.
 
-Needs root: it takes the test run's lab (tests/lab_fixtures.py) down and puts
-it up anew, and takes it down at the end (Ray left running must go with it).
-One lab per host: run it as
+Needs root: it uses the test run's lab (tests/lab_fixtures.py), and at the end
+powers lab-a, lab-b and lab-c off (Ray left running must go with its machine,
+as it does at `faden lab down`: both kill every process of the namespace), on
+again, and removes what it put on them. One lab per host: run it as
 
     flock /tmp/fadenstack-lab-user.lock .venv/bin/python -m pytest tests/agent/test_ray_lab.py -q
 
@@ -99,12 +100,11 @@ def alive(pids):
 
 
 @pytest.fixture(scope="module")
-def lab(fresh_lab, tmp_path_factory):
+def lab(lab, tmp_path_factory):
     if not os.access(os.path.join(sys.prefix, "bin", "ray"), os.X_OK):
         pytest.skip("Ray is not installed in %s (the `lab` extra)" % sys.prefix)
     base = str(tmp_path_factory.mktemp("raylab"))
-    running = RayLab(fresh_lab)
-    TIMINGS["lab_up"] = round(fresh_lab.up_seconds, 1)
+    running = RayLab(lab)
     try:
         pyz = build_zip(base)
         loaded = json.dumps({"digest": DIGEST, "manifest": {"name": "faden-runtime", "version": "2.0.0",
@@ -113,7 +113,7 @@ def lab(fresh_lab, tmp_path_factory):
                  "loaded.json && python3 %s runtime start --digest %s" % (loaded, AGENT, DIGEST))
 
         def install(machine):
-            copy = subprocess.run(["scp", "-q", "-i", str(fresh_lab.key), *SSH_OPTIONS,
+            copy = subprocess.run(["scp", "-q", "-i", str(lab.key), *SSH_OPTIONS,
                                    pyz, "root@%s:%s" % (MGMT[machine], AGENT)],
                                   capture_output=True, text=True, timeout=60)
             assert copy.returncode == 0, copy.stderr
@@ -125,11 +125,15 @@ def lab(fresh_lab, tmp_path_factory):
         yield running
     finally:
         started = time.monotonic()
-        running.run("down", check=False)
-        TIMINGS["lab_down"] = round(time.monotonic() - started, 1)
+        for machine in MGMT:
+            running.run("fault", machine, "power-off", check=False)
+        TIMINGS["power_off"] = round(time.monotonic() - started, 1)
         print("\nRay in the lab: %s" % json.dumps(TIMINGS, sort_keys=True))
-        # Ray that still ran at `down` (a node whose head was stopped) went with its machine.
-        assert not alive(running.leftover.get("pids", [])), "Ray processes survived `faden lab down`"
+        # Ray that still ran at power-off (a node whose head was stopped) went with its machine.
+        assert not alive(running.leftover.get("pids", [])), "Ray processes survived their machine's power-off"
+        lab.heal()
+        for machine in MGMT:  # the next module finds the machines as `up` left them
+            running.ssh(machine, "rm -rf /var/lib/fadenstack/runtime %s /tmp/.unpacked" % AGENT, timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -224,9 +228,10 @@ def test_ray_stop_stops_the_head_and_runtime_stop_follows(lab, cluster):
     assert "runtime start" in final["message"]
 
 
-def test_power_off_ends_the_machines_ray_and_lab_down_the_rest(lab, cluster):
+def test_power_off_ends_the_machines_ray_and_only_that_machines(lab, cluster):
     """A head on lab-c (its port freed), lab-b joined to it; power-off lab-c
-    ends lab-c's Ray; lab-b's still runs at `down` (the fixture checks it goes)."""
+    ends lab-c's Ray; lab-b's still runs (the fixture powers lab-b off at the
+    end and checks it goes)."""
     lab.run("fault", "lab-c", "port-free", "6379")
     head = FABRIC["lab-c"] + ":6379"
     final, _, _ = lab.agent("lab-c", "ray", "start-head", "--address", FABRIC["lab-c"], "--num-gpus", "4")
