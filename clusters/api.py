@@ -7,13 +7,14 @@ from django.db.models import F, Prefetch
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.plumbing import build_basic_type, build_object_type
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from clusters import hooks, planning, selectors, services, steps
 from clusters.choices import MemberState, Role
+from clusters.connection_api import ConnectionActions, ConnectionSerializer, connection_fields
 from clusters.models import Cluster, ClusterMember, HealthCheck, Transfer
 from clusters.pages import network_view
 from console import api, params
@@ -105,6 +106,30 @@ class ClusterSummarySerializer(ClusterSerializer):
     it was most of the answer."""
 
     members = MemberSummarySerializer(many=True, read_only=True)
+
+
+class ClusterDetailSerializer(ClusterSerializer):
+    """One cluster (GET /api/clusters/<id>/): its members' last status, and how to reach it."""
+
+    connection = serializers.SerializerMethodField(help_text="Every node with its ssh_command, and every command of the "
+                                                              "Connect card; null until every machine is Up")
+    connection_reason = serializers.SerializerMethodField(help_text="Why connection is null (Waiting for lab-b to be Up.); empty otherwise")
+
+    class Meta(ClusterSerializer.Meta):
+        fields = [*ClusterSerializer.Meta.fields, "connection", "connection_reason"]
+
+    def _reach(self, cluster) -> dict:
+        # Both fields come from one look at the cluster.
+        if getattr(self, "_reach_of", (None,))[0] != cluster.pk:
+            self._reach_of = (cluster.pk, connection_fields(cluster))
+        return self._reach_of[1]
+
+    @extend_schema_field(ConnectionSerializer(allow_null=True))
+    def get_connection(self, cluster):
+        return self._reach(cluster)["connection"]
+
+    def get_connection_reason(self, cluster) -> str:
+        return self._reach(cluster)["connection_reason"]
 
 
 class ClusterJobSerializer(ClusterSerializer):
@@ -219,11 +244,11 @@ class NetworksSerializer(serializers.Serializer):
     networks = SharedNetworkSerializer(many=True)
 
 
-class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class ClusterViewSet(ConnectionActions, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = ClusterSerializer
 
     def get_serializer_class(self):
-        return ClusterSummarySerializer if self.action == "list" else ClusterSerializer
+        return {"list": ClusterSummarySerializer, "retrieve": ClusterDetailSerializer}.get(self.action, ClusterSerializer)
 
     def get_queryset(self):
         """The clusters with the columns the answer shows: no raw status of the cluster (it is not in the
@@ -242,9 +267,16 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         body["job"] = job.pk if job else None
         return Response(body, status=started if job else recorded)
 
+    @extend_schema(parameters=[OpenApiParameter("name", str, required=False, description="Only the cluster of this name")])
     def list(self, request, *args, **kwargs):
-        """Every cluster, 50 a page, with its members; a member's last status only in GET /api/clusters/<id>/."""
+        """Every cluster, 50 a page, with its members; a member's last status only in GET /api/clusters/<id>/.
+        ``?name=`` finds one by its name (faden ssh does)."""
         return super().list(request, *args, **kwargs)
+
+    def filter_queryset(self, queryset):
+        if self.action == "list" and (name := self.request.query_params.get("name")) is not None:
+            queryset = queryset.filter(name=name)
+        return super().filter_queryset(queryset)
 
     @extend_schema(request=ClusterCreateSerializer, responses={201: ClusterSerializer})
     def create(self, request):

@@ -51,6 +51,9 @@ class Cluster(models.Model):
     restart_attempt = models.PositiveIntegerField(default=0, help_text="The repair restart under way (1 of 3), 0 when none")
     last_status = models.JSONField(default=dict, blank=True, help_text="What Ray and the agents last reported")
     last_status_at = models.DateTimeField(null=True, blank=True)
+    # The cluster's own SSH key between its nodes (issue 13): the private half is sealed in console/secrets.py
+    # under clusters/node_files.py's name for it, never in this table.
+    node_public_key = models.CharField(max_length=255, blank=True, help_text="Public half of the cluster's node-to-node SSH key")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

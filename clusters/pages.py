@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 from django.template.loader import render_to_string
 
-from clusters import actions, hooks, planning, selectors
+from clusters import actions, connect, hooks, planning, selectors
 from clusters.choices import MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, NetworkMeasurement
 from clusters.wiring import wiring_diagram
 from console import roles
 from console.models import Job
+from machines import ssh_rules
 
 
 def cluster_cards(cluster: Cluster, members: list[ClusterMember] | None = None, *, role: roles.Role | None,
@@ -146,6 +147,46 @@ def runtime_card(cluster: Cluster, members: list[ClusterMember] | None = None) -
     return {"runtime_offer": offer, "runtime_newer": [e for e in offer if e["newer"]]}
 
 
+# The Connect card's commands, in the order it shows them: (snippet, title, what it does).
+CONNECT_BLOCKS = (
+    ("torchrun", "torchrun", "From the head: starts the same command on every node over the cluster's own SSH; each "
+                             "node loads its settings first, and the rendezvous gives every node its rank."),
+    ("torchrun_node", "torchrun on one node", "Or run this on each node yourself, in any order."),
+    ("mpirun", "mpirun", "From the head: one process per GPU across the hostfile, each with its own node's settings."),
+    ("deepspeed", "DeepSpeed", "From the head, with the same hostfile; DeepSpeed reaches every node over SSH (pdsh)."),
+    ("ray_tunnel", "Ray tunnel", "On your computer: Ray's dashboard and job API (8265) and Ray Client (10001) on the "
+                                 "head's loopback, forwarded over SSH."),
+    ("ray_job_submit", "ray job submit", "On your computer, while the tunnel is open."),
+)
+
+
+def connect_card(cluster: Cluster, role: roles.Role | None) -> dict:
+    """The Connect card: every node with its ssh command and every launcher's command, once every machine
+    is Up; until then the machine it waits for. The certificate button is for the roles a node login
+    may be for (Administrators, and Operators: whether this one was allowed is the certificate page's
+    to say, since the card is pushed to a role, not to a person); a Viewer does not see it."""
+    try:
+        reach = connect.connection_of(cluster)
+    except connect.NotConnectable as waiting:
+        return {"connect": {"waiting": str(waiting), "cluster_name": cluster.name}}
+    summaries = selectors.accelerator_summaries(reach.machine_ids.values())
+    commands = reach.snippets.ssh_commands
+    rows = [{"node": n, "machine_id": reach.machine_ids[n.machine], "ssh": commands[n.name], "host_key": reach.host_keys[n.machine],
+             "gpus": summaries.get(reach.machine_ids[n.machine], "") or n.gpus} for n in reach.nodes]
+    blocks = [{"id": key, "title": title, "text": text, "command": getattr(reach.snippets, key)} for key, title, text in CONNECT_BLOCKS]
+    sign = ssh_rules.node_login_offer(role=role, allowed=True)
+    return {"connect": {"reach": reach, "rows": rows, "blocks": blocks, "jump": reach.jump, "cluster_name": cluster.name,
+                        "faden_ssh": f"faden ssh {cluster.name} {reach.nodes[-1].name}", "sign": sign.ok,
+                        "valid_for": connect.validity_words()}}
+
+
+def render_connect_card(page: dict) -> str:
+    """The card pushed beside the members (a machine Up) and the whole page (the cluster Running), from
+    the context the page's push renders already (``connect_card`` ran once, through ``extra_cards``)."""
+    return render_to_string("clusters/_connect_card.html",
+                            {"cluster": page["cluster"], "role": page["role"], "connect": page["connect"], "oob": True})
+
+
 def extra_cards(cluster: Cluster, role: roles.Role | None) -> dict:
     """The cards other apps registered (deployments' models, say), with their context for ``role`` merged in."""
     context: dict = {"extra_cards": []}
@@ -168,14 +209,17 @@ def render_cluster_topic(arg: str, part: str, role: roles.Role) -> list[str]:
         return [render_to_string("clusters/cluster_detail.html#deleted", {"oob": True})]
     if part == "members":
         cards = cluster_cards(cluster, role=role)
-        return [render_to_string("clusters/cluster_detail.html#members-live", cards | wiring_card(cluster, cards) | {"oob": True})]
+        # One message with the card: it appears in the same swap as the last machine turning Up.
+        return [render_to_string("clusters/cluster_detail.html#members-live", cards | wiring_card(cluster, cards) | {"oob": True})
+                + render_connect_card(cards)]
     if part == "job":
         cards = cluster_cards(cluster, role=role, status=False)
         return [render_to_string("clusters/cluster_detail.html#job-live", cards | runtime_card(cluster, cards["members"]) | {"oob": True})]
     if part == "checks":
         return [render_to_string("clusters/cluster_detail.html#checks-live",
                                  cluster_cards(cluster, role=role, status=False) | checks_card(cluster) | {"oob": True})]
-    return [render_to_string("clusters/cluster_detail.html#live", cluster_page(cluster, role=role) | {"oob": True})]
+    page = cluster_page(cluster, role=role)
+    return [render_to_string("clusters/cluster_detail.html#live", page | {"oob": True}) + render_connect_card(page)]
 
 
 # -- the list -------------------------------------------------------------------------------------

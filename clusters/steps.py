@@ -49,15 +49,19 @@ JOIN_RAY = Step("Join Ray")
 TAKE_OUT = Step("Take it out of Ray")
 START_RUNTIME = Step("Start its runtime")
 STOP_ALL = Step("Stop Ray and the runtime")
+# The hostfile, cluster.env, /etc/hosts lines, node-to-node SSH and sshd's trust (clusters/runners/nodes.py).
+WRITE_SETTINGS = Step("Write the node settings")
+REMOVE_SETTINGS = Step("Remove the node settings")
 DELETE_RECORD = Step("Delete the record")
 
-START = Operation("cluster.start", (GET_IMAGE, LOAD_IMAGE, START_HEAD, JOIN_OTHERS, CHECK_RAY))
+START = Operation("cluster.start", (GET_IMAGE, LOAD_IMAGE, START_HEAD, JOIN_OTHERS, CHECK_RAY, WRITE_SETTINGS))
 # A restart is a start that first stops Ray everywhere: the same kind, one step more.
 RESTART = Operation(START.kind, (STOP_RAY, *START.steps))
-ADD = Operation("cluster.add", (REACH_HEAD, GET_IMAGE, LOAD_IMAGE, JOIN_RAY, CHECK_RAY))
-REJOIN = Operation("cluster.rejoin", (TAKE_OUT, START_RUNTIME, JOIN_RAY, CHECK_RAY))
-STOP = Operation("cluster.stop", (STOP_ALL,))
-DELETE = Operation("cluster.delete", (STOP_ALL, DELETE_RECORD))
+# A join changes every node's hostfile and hosts: ADD and REJOIN write every member's settings again.
+ADD = Operation("cluster.add", (REACH_HEAD, GET_IMAGE, LOAD_IMAGE, JOIN_RAY, CHECK_RAY, WRITE_SETTINGS))
+REJOIN = Operation("cluster.rejoin", (TAKE_OUT, START_RUNTIME, JOIN_RAY, CHECK_RAY, WRITE_SETTINGS))
+STOP = Operation("cluster.stop", (STOP_ALL,))  # the settings stay: the cluster and its nodes do not change
+DELETE = Operation("cluster.delete", (STOP_ALL, REMOVE_SETTINGS, DELETE_RECORD))
 PROBE_KIND = "cluster.probe"  # the network test: its steps are the networks it measures
 
 # Stop and Delete win over these: they are asked to end at their next step.

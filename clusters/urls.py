@@ -1,6 +1,6 @@
 from django.urls import path
 
-from clusters import views
+from clusters import connection_views, views
 
 app_name = "clusters"
 
@@ -20,4 +20,5 @@ urlpatterns = [
     path("<id:pk>/runtime/switch/", views.cluster_runtime_switch, name="runtime-switch"),
     path("<id:pk>/network/", views.cluster_network, name="network"),
     path("<id:pk>/network/test/", views.cluster_network_test, name="network-test"),
+    path("<id:pk>/ssh-certificate/", connection_views.cluster_ssh_certificate, name="ssh-certificate"),
 ]

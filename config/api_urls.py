@@ -7,6 +7,7 @@ from console.settings_api import HfTokenView
 from deployments.api import ClusterModelSourceViewSet, GatewayKeyViewSet, ModelViewSet
 from deployments.deployment_api import DeploymentViewSet
 from machines.api import MachineViewSet
+from machines.profile_api import ProfileKeyViewSet
 
 router = DefaultRouter()
 router.register("machines", MachineViewSet, basename="machine")
@@ -15,6 +16,7 @@ router.register("models", ModelViewSet, basename="model")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("audit", AuditEntryViewSet, basename="audit")
 router.register("gateway/keys", GatewayKeyViewSet, basename="gateway-key")
+router.register("profile/keys", ProfileKeyViewSet, basename="profile-key")
 
 urlpatterns = [
     path("", include(router.urls)),

@@ -4,6 +4,7 @@ Every setting is listed in the README with its default. The defaults give a
 one-host console: SQLite in the data directory and Redis on localhost.
 """
 import os
+import re
 import secrets
 from datetime import timedelta
 from pathlib import Path
@@ -304,6 +305,17 @@ FADEN_SSH_CA_KEY_PATH = Path(os.environ.get("FADEN_SSH_CA_KEY_PATH", DATA_DIR / 
 FADEN_SSH_CERT_SECONDS = env_int("FADEN_SSH_CERT_SECONDS", 3600)
 if not 60 <= FADEN_SSH_CERT_SECONDS <= 24 * 3600:
     raise ImproperlyConfigured("FADEN_SSH_CERT_SECONDS must be from 60 to 86400 (a day): a certificate cannot be revoked.")
+# Node logins from people's computers: whether those reach the machines' SSH addresses themselves. When they
+# do not, every ssh_command goes through FADEN_SSH_JUMP ([user@]host[:port], the console's host) as ProxyJump.
+FADEN_MACHINES_REACHABLE = env_bool("FADEN_MACHINES_REACHABLE", True)
+FADEN_SSH_JUMP = os.environ.get("FADEN_SSH_JUMP", "").strip()
+# One word ssh reads as a destination: no blank, and nothing ssh would take for an option (a leading -).
+_SSH_JUMP = re.compile(r"(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
+if FADEN_SSH_JUMP and not _SSH_JUMP.fullmatch(FADEN_SSH_JUMP):
+    raise ImproperlyConfigured("FADEN_SSH_JUMP must be [user@]host[:port], such as console.example.com or me@10.0.0.5:2222.")
+if not FADEN_MACHINES_REACHABLE and not FADEN_SSH_JUMP:
+    raise ImproperlyConfigured("FADEN_MACHINES_REACHABLE is false: set FADEN_SSH_JUMP to the console's host as people's "
+                               "computers reach it over SSH ([user@]host[:port]), the jump to the machines.")
 
 # At every start, whatever modes were there before: the data directory and all in it (0700, 0600),
 # the SSH key, the SSH CA's key, the secrets' key and the SQLite file wherever they are.

@@ -25,6 +25,7 @@ urlpatterns = [
     path("gateway/", include("deployments.gateway_urls")),
     path("audit/", views.audit_list, name="audit"),
     path("settings/", include("console.settings_urls")),
+    path("profile/", include("machines.profile_urls")),
     path("agent/heartbeat/", agent_heartbeat, name="agent-heartbeat"),
     path("agent/images/<str:digest>/", runtime_image_download, name="agent-image-download"),
     path("agent/models/<str:digest>/", model_file_download, name="agent-model-download"),

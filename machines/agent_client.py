@@ -13,7 +13,7 @@ Unit tests replace ``Agent.open`` with a fake that answers from a script.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -174,6 +174,26 @@ class CopyStatus:
     log_tail: str  # the engine's last lines (its own words when it failed)
 
 
+@dataclass(frozen=True)
+class NodeFilesChange:
+    """What ``node files write`` or ``node files remove`` did on a machine: the files it changed (paths
+    as the machine names them) and what became of sshd."""
+
+    changed: bool  # False: everything was already so (a write of the same spec, a second remove)
+    paths: tuple[str, ...]
+    sshd_reloaded: str  # how sshd was told ("SIGHUP to sshd (pid 812)"); "" when none of its files changed or none runs
+    include_added: bool  # the sshd configuration had no Include of the drop-in and holds the agent's own (write only)
+    warnings: tuple[str, ...]  # the machine's sentences: no running sshd, certificate logins still off
+    raw: dict = field(repr=False)
+
+
+def _node_files(raw: dict) -> NodeFilesChange:
+    sshd = raw.get("sshd") or {}
+    return NodeFilesChange(changed=bool(raw.get("changed")), paths=tuple(str(p) for p in raw.get("paths") or ()),
+                           sshd_reloaded=str(sshd.get("reloaded") or ""), include_added=bool(sshd.get("include_added")),
+                           warnings=tuple(str(w) for w in raw.get("warnings") or ()), raw=raw)
+
+
 def _copy_status(raw: dict) -> CopyStatus:
     lines = raw.get("log_tail") or raw.get("log") or ""
     return CopyStatus(copy=str(raw.get("copy") or ""), running=bool(raw.get("running")), healthy=bool(raw.get("healthy")),
@@ -228,6 +248,13 @@ class Agent:
         argv = [*(self._argv or [self.machine.python_path or "python3", self.machine.agent_path]), *args]
         on_event = (lambda event: on_progress(event) if event.get("event") == "progress" else None) if on_progress else None
         return remote.run_agent(self.conn, argv, timeout=timeout, stdin=stdin, on_event=on_event, abort=abort)
+
+    def host_key(self) -> str:
+        """The machine's host key as this connection received it, which ``remote.connect`` has checked
+        against the pinned fingerprint: one public key line (``ssh-ed25519 AAAA...``), for the cluster's
+        known_hosts (clusters/node_files.py)."""
+        key = self.conn.client.get_transport().get_remote_server_key()
+        return f"{key.get_name()} {key.get_base64()}"
 
     def console_url(self) -> str:
         """The console's URL as this machine sees it (where it downloads from and sends heartbeats to)."""
@@ -366,6 +393,19 @@ class Agent:
 
     def ray_stop(self, *, abort: Abort | None = None) -> None:
         self._call("ray", "stop", timeout=60, abort=abort)
+
+    # -- a cluster's files on its machines: hostfile, settings, hosts, node-to-node SSH, sshd's trust ----
+
+    def node_files_write(self, spec: Mapping) -> NodeFilesChange:
+        """Put a member's cluster files in place (``clusters.node_files.node_files_spec`` builds the spec).
+        The spec goes on stdin, never on a command line: it holds the cluster's private node key. sshd
+        refusing the change is not_retryable with sshd's words, and the machine keeps its previous files."""
+        return _node_files(self._call("node", "files", "write", stdin=json.dumps(spec).encode(), timeout=120))
+
+    def node_files_remove(self) -> NodeFilesChange:
+        """Take a machine's cluster files away again (it left the cluster, or the cluster is deleted), every
+        file it shares with the machine byte for byte as it was; harmless when there are none."""
+        return _node_files(self._call("node", "files", "remove", timeout=120))
 
     # -- the network test -------------------------------------------------------------------------
 

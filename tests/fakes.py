@@ -9,9 +9,13 @@ Models placed or downloaded stay on their machine (``FakeAgents.models``) until 
 ``model_error`` / ``hub_error`` make those commands fail (``(kind, message)``).
 Copies of models started on a machine run (``FakeAgents.copies``) until stopped; ``copy_error`` fails a
 start, ``copy_exited`` ({copy id or "*": last lines}) makes a copy's engine read as exited.
+A machine's host key is made up so that its fingerprint is the one tests.factories pins for its name (``host_key``
+gives another line); node files written stay on their machine (``FakeAgents.node_files``: the spec) until removed;
+``node_files_error`` (``(kind, message)``) fails a write or a remove, ``node_files_warnings`` are the machine's sentences.
 """
 from __future__ import annotations
 
+import base64
 from contextlib import contextmanager
 
 from machines import agent_client
@@ -133,6 +137,27 @@ class FakeAgent:
                                         pid=c["pid"], port=c["port"], log_tail=words)
                 for key, c in self._copies().items() for words in [exited.get(key) or exited.get("*") or ""]]
 
+    def host_key(self) -> str:
+        answer = self._answer("host_key")
+        return answer.get("host_key") or f"ssh-ed25519 {base64.b64encode(self.machine.name.encode()).decode()}"
+
+    def _node_files_change(self, *, changed: bool) -> agent_client.NodeFilesChange:
+        warnings = tuple(self._fakes.answers.get(self.machine.name, {}).get("node_files_warnings", ()))
+        return agent_client.NodeFilesChange(changed=changed, paths=("/etc/fadenstack/hostfile",) if changed else (),
+                                            sshd_reloaded="", include_added=False, warnings=warnings, raw={})
+
+    def node_files_write(self, spec) -> agent_client.NodeFilesChange:
+        self._answer("node_files_write", spec=spec)
+        self._fail("node_files_error")
+        changed = self._fakes.node_files.get(self.machine.name) != spec
+        self._fakes.node_files[self.machine.name] = spec
+        return self._node_files_change(changed=changed)
+
+    def node_files_remove(self) -> agent_client.NodeFilesChange:
+        self._answer("node_files_remove")
+        self._fail("node_files_error")
+        return self._node_files_change(changed=self._fakes.node_files.pop(self.machine.name, None) is not None)
+
     def __getattr__(self, method: str):
         # Commands that only act (start, stop, join, ...) succeed and are recorded.
         return lambda *args, **kwargs: self._answer(method, **kwargs) and None
@@ -144,6 +169,7 @@ class FakeAgents:
         self.calls: list[tuple[str, str, dict]] = []
         self.models: dict[str, dict] = {}  # machine name -> {(repo, revision): PlacedModel}
         self.copies: dict[str, dict] = {}  # machine name -> {copy id: {"pid", "port", "argv", "env"}}
+        self.node_files: dict[str, dict] = {}  # machine name -> the spec its node files were last written with
         self.pids = 1000
         self.on_ray_status = None  # called whenever Ray's node list is asked for (to look at the database then)
 

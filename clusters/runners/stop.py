@@ -16,6 +16,8 @@ from clusters.choices import ClusterState, MemberState
 from clusters.fanout import each
 from clusters.lifecycle import cluster_transition, member_transition
 from clusters.models import Cluster, ClusterMember
+from clusters.node_files import node_key_forget
+from clusters.runners.nodes import node_settings_remove
 from clusters.selectors import cluster_members
 from console.choices import JOB_ACTIVE
 from console.jobs import JobContext, JobError
@@ -78,7 +80,8 @@ def cluster_stop_run(ctx: JobContext, *, cluster_id: int) -> None:
 
 def cluster_delete_run(ctx: JobContext, *, cluster_id: int) -> None:
     """Stopped first on every machine that is online (an offline one gets its leftovers replaced the
-    next time it starts a cluster), then the record goes."""
+    next time it starts a cluster), then the node settings go from every machine that answers (the
+    log names those that kept them), then the record goes with the cluster's node key."""
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
         return  # deleted by an earlier run of this job
@@ -92,8 +95,11 @@ def cluster_delete_run(ctx: JobContext, *, cluster_id: int) -> None:
                 cluster.refresh_from_db()
                 message = services.cluster_stop_unconfirmed(cluster=cluster, failures=failures)
             raise JobError(message)
+    node_settings_remove(ctx, cluster=cluster.name, machines=[m.machine for m in cluster_members(cluster, status=False)])
     steps.DELETE_RECORD.always(ctx)
     with transaction.atomic():
+        # In the record's transaction: a job taken up again once the record went finds nothing left to forget.
+        node_key_forget(cluster=cluster)
         services.cluster_record_delete(cluster=cluster)
 
 

@@ -90,6 +90,8 @@ CONSOLE_CALLS = [
     ["copy", "start"],
     ["copy", "stop", "--copy", "d7-c3", "--timeout", "30"],
     ["copy", "list"],
+    ["node", "files", "write"],
+    ["node", "files", "remove"],
 ]
 
 

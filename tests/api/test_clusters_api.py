@@ -151,6 +151,7 @@ def test_the_list_gives_each_member_without_its_last_status_and_the_cluster_give
     assert all("last_status" not in m for m in listed["members"])
     assert next(m for m in one["members"] if m["role"] == "head")["last_status"] == {"ray": "running"}
     assert one.pop("deployments") == []  # the cluster's detail adds its deployments (deployments/api.py)
+    assert one.pop("connection")["nodes"][0]["name"] == "node-0" and one.pop("connection_reason") == ""  # how to reach it
     assert {k: v for k, v in one.items() if k != "members"} == {k: v for k, v in listed.items() if k != "members"}
     assert [{k: v for k, v in m.items() if k != "last_status"} for m in one["members"]] == listed["members"]
     head = listed["members"][0]

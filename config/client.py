@@ -1,0 +1,261 @@
+"""``faden ssh``: the console's client, for any computer that has the console's URL and an API token.
+
+It speaks to the console through the REST API only (``FADEN_URL`` and ``FADEN_TOKEN``, or ``--url`` and
+``--token``), never through the database or the settings, and imports nothing of the server's and no
+Django: ``config/cli.py`` hands it these commands before Django is set up, so it runs where the
+console's data directory does not exist.
+
+    faden ssh [-i KEY] CLUSTER [NODE] [-- COMMAND...]
+
+finds the cluster by name, reads the public key beside ``KEY`` (``~/.ssh/id_ed25519`` by default),
+asks ``POST /api/clusters/<id>/ssh-certificates/`` for a certificate for that one node (node-0, the
+head, when none is named), writes it into a directory private to the user, and runs OpenSSH's ``ssh``
+in this process's place with ``-i KEY -o CertificateFile=...`` and the node's address, as an argv (no
+shell line is built). The certificate is printed nowhere; its key id is.
+
+``faden clusters tunnel NAME`` is to come as one more subcommand: the same certificate (for node-0),
+then ``ssh_argv(..., options=["-N", "-L", ...])``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+COMMANDS = frozenset({"ssh"})  # the faden commands this module answers (config/cli.py asks)
+ENV_URL, ENV_TOKEN = "FADEN_URL", "FADEN_TOKEN"
+DEFAULT_KEY = "~/.ssh/id_ed25519"
+TIMEOUT_SECONDS = 30
+# What the console may answer for ssh's argv: each must stay one word ssh does not read as an option.
+_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_HOST = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[?[0-9A-Fa-f:.]+\]?)$")
+_JUMP = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]*@)?(?:[A-Za-z0-9][A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?$")
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+# (method, url, headers, body) -> (status, body): urllib's by default; tests answer with the Django test client.
+Send = Callable[[str, str, dict, bytes | None], tuple[int, bytes]]
+
+
+class ClientError(Exception):
+    """What went wrong, in one sentence for the terminal; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.message, self.code = message, code
+
+
+def urllib_send(method: str, url: str, headers: dict, body: bytes | None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, data=body, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:  # noqa: S310 (the URL is checked: http or https)
+            return response.status, response.read()
+    except urllib.error.HTTPError as answered:
+        return answered.code, answered.read()
+    except (urllib.error.URLError, OSError) as failed:
+        reason = getattr(failed, "reason", failed)
+        raise ClientError(f"Could not reach the console at {url.split('/api/')[0]}: {reason}.") from None
+
+
+class Console:
+    """The console's REST API, as one person's token sees it."""
+
+    def __init__(self, url: str, token: str, *, send: Send = urllib_send):
+        url = (url or "").strip().rstrip("/")
+        if not url:
+            raise ClientError(f"Give the console's URL: {ENV_URL}=https://console.example.com, or --url.", code=2)
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https") or not urllib.parse.urlsplit(url).netloc:
+            raise ClientError(f"{url} is not the console's URL: it starts with http:// or https://.", code=2)
+        if not token:
+            raise ClientError(f"Give an API token: {ENV_TOKEN}=... (an Administrator makes one with faden drf_create_token "
+                              f"USER), or --token.", code=2)
+        self.url, self._token, self._send = url, token.strip(), send
+
+    def request(self, method: str, path: str, body: dict | None = None) -> dict:
+        """The answer's JSON; a refusal raises ClientError with the console's own sentence."""
+        headers = {"Authorization": f"Token {self._token}", "Accept": "application/json"}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data = json.dumps(body).encode()
+        status, raw = self._send(method, f"{self.url}{path}", headers, data)
+        try:
+            answer = json.loads(raw or b"null")
+        except ValueError:
+            answer = None
+        if status >= 400:
+            said = answer.get("message") if isinstance(answer, dict) else None
+            if said:
+                raise ClientError(f"The console refused: {said}" if status != 401 else f"The console refused the token: {said}")
+            raise ClientError(f"The console at {self.url} answered {status}: is {ENV_URL} the console's address?")
+        if not isinstance(answer, dict):
+            raise ClientError(f"The console at {self.url} answered with something that is not its API's JSON: "
+                              f"is {ENV_URL} the console's address?")
+        return answer
+
+    def cluster_named(self, name: str) -> dict:
+        found = self.request("GET", f"/api/clusters/?{urllib.parse.urlencode({'name': name})}").get("results") or []
+        cluster = next((c for c in found if isinstance(c, dict) and c.get("name") == name), None)
+        if cluster is None:
+            raise ClientError(f"There is no cluster named {name} on {self.url}.")
+        return cluster
+
+    def ssh_certificate(self, cluster_id: int, *, public_key: str, node: str | None) -> dict:
+        body = {"public_key": public_key} | ({"node": node} if node is not None else {})
+        return self.request("POST", f"/api/clusters/{int(cluster_id)}/ssh-certificates/", body)
+
+
+# -- the user's key and the certificate beside it ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Key:
+    identity: Path  # what ssh -i gets: the private key, or the .pub when only an agent holds the private key
+    public_line: str
+
+
+def key_read(named: str | None) -> Key:
+    """The key ``-i`` names (the private key or its .pub), ``~/.ssh/id_ed25519`` when none is."""
+    path = Path(os.path.expanduser(named or DEFAULT_KEY))
+    public = path if path.name.endswith(".pub") else path.with_name(path.name + ".pub")
+    private = public.with_name(public.name.removesuffix(".pub"))
+    try:
+        line = public.read_text(encoding="utf-8", errors="replace").strip()
+    except FileNotFoundError:
+        raise ClientError(f"No public key at {public}: make one with ssh-keygen -t ed25519, or name yours with -i.") from None
+    except OSError as unreadable:
+        raise ClientError(f"Could not read {public}: {unreadable.strerror}.") from None
+    return Key(identity=private if private.exists() else public, public_line=line)
+
+
+def private_dir() -> Path:
+    """A directory only this user can enter, for certificates: under $XDG_RUNTIME_DIR when there is
+    one, else the temporary directory. One that exists must be ours, a directory, and 0700."""
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir())
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    where = base / f"faden-ssh-{uid}"
+    try:
+        where.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(where)
+    if not os.path.isdir(where) or os.path.islink(where) or info.st_uid != uid or info.st_mode & 0o077:
+        raise ClientError(f"{where} is not a directory private to you: remove it, and try again.")
+    return where
+
+
+def certificate_write(certificate: str, *, cluster: str, serial: int, valid_before: str, where: Path | None = None) -> Path:
+    """Save the certificate (0600, a new file, never through a link) and remove the ones that expired."""
+    where = where or private_dir()
+    now = time.time()
+    for old in where.glob("*-cert.pub"):
+        expiry = old.name.removesuffix("-cert.pub").rsplit("-", 1)[-1]
+        if expiry.isdigit() and int(expiry) < now:
+            old.unlink(missing_ok=True)
+    expires = int(datetime.fromisoformat(valid_before.replace("Z", "+00:00")).timestamp())
+    path = where / f"{_SAFE_NAME.sub('_', cluster)[:60] or 'cluster'}-{int(serial)}-{expires}-cert.pub"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as file:
+        file.write(certificate.strip() + "\n")
+    return path
+
+
+def _ssh_option_path(path: Path) -> str:
+    """A path as ssh's -o reads it: % starts a token there, and blanks need quotes."""
+    text = str(path).replace("%", "%%")
+    if '"' in text:
+        raise ClientError(f"{path} has a double quote in it, which ssh's options cannot hold: set TMPDIR elsewhere.")
+    return f'"{text}"' if any(c.isspace() for c in text) else text
+
+
+def ssh_argv(node: dict, *, jump: str, key: Key, certificate: Path, options=(), command=()) -> list[str]:
+    """OpenSSH's argv for a login to ``node`` (as the API answers it) with ``certificate``. What the
+    console answered is checked to be one word each that ssh cannot read as an option."""
+    user, address, port = node.get("ssh_user"), node.get("ssh_address"), node.get("ssh_port")
+    if not isinstance(user, str) or not _USER.match(user):
+        raise ClientError(f"The console named a login ssh would misread: {user!r}.")
+    if not isinstance(address, str) or not _HOST.match(address):
+        raise ClientError(f"The console named an address ssh would misread: {address!r}.")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ClientError(f"The console named a port that is not one: {port!r}.")
+    if jump and not _JUMP.match(jump):
+        raise ClientError(f"The console named a jump host ssh would misread: {jump!r}.")
+    argv = ["ssh", "-i", str(key.identity), "-o", f"CertificateFile={_ssh_option_path(certificate)}", "-o", "IdentitiesOnly=yes"]
+    argv += ["-J", jump] if jump else []
+    argv += ["-p", str(port)] if port != 22 else []
+    return [*argv, *options, "--", f"{user}@{address}", *command]
+
+
+# -- the commands -----------------------------------------------------------------------------------
+
+_exec = os.execvp  # replaced in tests
+
+
+def ssh(arguments: argparse.Namespace, console: Console) -> int:
+    """Sign a certificate for one node and log in to it with ssh, in this process's place."""
+    key = key_read(arguments.identity)
+    cluster = console.cluster_named(arguments.cluster)
+    node = arguments.node if arguments.node is not None else "node-0"
+    answer = console.ssh_certificate(cluster["id"], public_key=key.public_line, node=node)
+    nodes = answer.get("nodes") or []
+    if len(nodes) != 1 or not isinstance(nodes[0], dict) or not answer.get("certificate"):
+        raise ClientError("The console's answer holds no certificate for one node: is it a console of this version?")
+    path = certificate_write(answer["certificate"], cluster=cluster["name"], serial=answer["serial"],
+                             valid_before=answer["valid_before"])
+    argv = ssh_argv(nodes[0], jump=answer.get("jump") or "", key=key, certificate=path, command=arguments.command)
+    print(f"Certificate {answer['key_id']} for {nodes[0].get('name')} ({nodes[0].get('machine')}), valid until "
+          f"{answer['valid_before']}.", file=sys.stderr)
+    if fingerprint := nodes[0].get("host_key_fingerprint"):
+        # The user's known_hosts has never seen the machine: this is what ssh's question should show.
+        print(f"Its host key, as the console trusts it: {fingerprint}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        _exec(argv[0], argv)
+    except FileNotFoundError:
+        raise ClientError("OpenSSH's ssh is not on PATH: install it (openssh-client), then try again.") from None
+    return 0  # only when _exec returns (a test's stand-in)
+
+
+def parser() -> argparse.ArgumentParser:
+    """Every client command, each with ``--url`` and ``--token`` (a subcommand per command: ``clusters
+    tunnel`` is one more ``add_parser`` with its own ``run``)."""
+    reach = argparse.ArgumentParser(add_help=False)
+    reach.add_argument("--url", default=None, help=f"the console's URL (default ${ENV_URL})")
+    reach.add_argument("--token", default=None, help=f"an API token (default ${ENV_TOKEN}, which keeps it out of ps)")
+    top = argparse.ArgumentParser(prog="faden", description="The console's client commands, over its REST API.")
+    commands = top.add_subparsers(dest="command_name", required=True)
+    login = commands.add_parser("ssh", parents=[reach], help="log in to a node of a cluster as root with a short-lived certificate",
+                                usage="faden ssh [-i KEY] [--url URL] [--token TOKEN] CLUSTER [NODE] [-- COMMAND...]",
+                                description="Sign a certificate for your key and log in to the node with ssh; a command "
+                                            "after -- runs there instead of a shell.")
+    login.add_argument("cluster", help="the cluster's name")
+    login.add_argument("node", nargs="?", help="node-1, its rank (1) or its machine's name; node-0 (the head) by default")
+    login.add_argument("-i", dest="identity", default=None, metavar="KEY",
+                       help=f"your private key or its .pub ({DEFAULT_KEY} by default)")
+    login.set_defaults(run=ssh)
+    return top
+
+
+def main(argv: list[str], *, send: Send = urllib_send, environ=os.environ) -> int:
+    """``faden <command> ...`` for the commands of ``COMMANDS``; the exit status."""
+    # What follows -- is the command to run on the node, whatever it looks like (as ssh takes it).
+    argv, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    arguments = parser().parse_args(argv)
+    arguments.command = command
+    try:
+        console = Console(arguments.url or environ.get(ENV_URL, ""), arguments.token or environ.get(ENV_TOKEN, ""), send=send)
+        return arguments.run(arguments, console)
+    except ClientError as failed:
+        print(f"faden {arguments.command_name}: {failed.message}", file=sys.stderr)
+        return failed.code
