@@ -13,6 +13,7 @@ from machines import remote
 from machines.agent_client import Agent
 from machines.models import Machine
 from machines.services import machine_target
+from tests.integration import connect_lab
 from tests.harness import FABRIC, enrol, images_import, leave_nothing_running
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
@@ -65,11 +66,12 @@ def start_in_background(name: str, machines, *, until_fraction_on: Machine, frac
     return done
 
 
-def test_four_machines_of_two_platforms_reach_running_and_a_transfer_cut_in_the_middle_resumes(lab, enrolled, api_client):
+def test_four_machines_of_two_platforms_reach_running_and_a_transfer_cut_in_the_middle_resumes(lab, enrolled, api_client,
+                                                                                              api_token, console_url, tmp_path):
     """One start for all of it: the x86_64 image down the chain (the server, lab-a, lab-b, lab-c), the
     aarch64 build from the server to lab-d (each build leaves the server once), lab-b's fabric link pulled
     while its copy is under way, which it resumes with at most one chunk sent again; then the cluster as
-    the API shows it."""
+    the API shows it, and as a person connecting to it meets it (tests/integration/connect_lab.py)."""
     a, b, c, d = enrolled("lab-a", "lab-b", "lab-c", "lab-d")
     networks = api_client.get(f"/api/clusters/networks/?machines={a.pk},{b.pk},{c.pk},{d.pk}").json()
     assert networks["suggested"] == FABRIC
@@ -97,6 +99,11 @@ def test_four_machines_of_two_platforms_reach_running_and_a_transfer_cut_in_the_
     assert shown["state"] == "running", shown["state_reason"]
     assert shown["machines_up"] == 4 and shown["accelerators"] == shown["free_accelerators"] == 8 + 8 + 4 + 4
     assert all(m["image_bytes_done"] == m["image_bytes_total"] > 0 for m in shown["members"])
+    assert f"root@{a.address}" in shown["connection"]["nodes"][0]["ssh_command"]
+
+    nodes = connect_lab.check_node_settings(cluster)
+    connect_lab.check_certificate_logins(cluster, nodes[1], console_url=console_url, token=api_token.key, home=tmp_path / "ada")
+    connect_lab.check_node_to_node(cluster, nodes, home=tmp_path / "ada")
 
 
 def test_a_machine_without_room_says_how_much_is_needed_and_writes_nothing(lab, enrolled):

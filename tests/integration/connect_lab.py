@@ -1,0 +1,155 @@
+"""What a person connecting to a running lab cluster meets (issue 13), checked on the machines themselves:
+each node's hostfile and login settings, logins with a certificate the console signs (and refused with
+an expired one), root's SSH from node to node (and refused from another network), and a rendezvous at
+MASTER_ADDR:MASTER_PORT that every node's script reaches from the head.
+
+The test of a running cluster calls these after its own checks, so no cluster is started for them.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from clusters import connection
+from machines import remote, ssh_ca, sshd
+from machines.agent_client import Agent
+from machines.models import Machine
+from machines.services import machine_target
+
+FADEN = Path(sys.executable).with_name("faden")
+SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "IdentitiesOnly=yes"]
+
+# Every node: connect to MASTER_ADDR:MASTER_PORT (node 0 listens there) and say its NODE_RANK; node 0
+# answers each with the ranks it saw, in order, once all WORLD_NODES have come.
+RENDEZVOUS = r"""
+import os, socket, time
+rank, world = int(os.environ["NODE_RANK"]), int(os.environ["WORLD_NODES"])
+where = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+if rank == 0:
+    server = socket.create_server(where)
+    server.settimeout(60)
+    peers = [server.accept()[0] for _ in range(world - 1)]
+    ranks = sorted([0] + [int(p.recv(16)) for p in peers])
+    for p in peers:
+        p.sendall(repr(ranks).encode())
+        p.close()
+    print(rank, ranks)
+else:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            conn = socket.create_connection(where, timeout=5)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    conn.sendall(str(rank).encode())
+    print(rank, conn.recv(64).decode())
+"""
+
+
+def on(machine: Machine, command: str, *, timeout: float = 60) -> str:
+    """``command`` in a root login shell on ``machine`` (over the console's own SSH); its output."""
+    with remote.connect(machine_target(machine)) as conn:
+        done = remote.run(conn, ["bash", "-lc", command], timeout=timeout)
+    assert done.exit_status == 0, f"{machine.name}: {command!r} ended {done.exit_status}: {done.stdout[-500:]} {done.stderr[-500:]}"
+    return done.stdout
+
+
+def check_node_settings(cluster) -> list[connection.Node]:
+    """Every node's hostfile lists every node with its GPUs, head first, and its login shell has the
+    cluster's settings with its own rank and its own interface on the cluster network."""
+    nodes = connection.nodes_of(cluster)
+    expected_hostfile = connection.hostfile(nodes)
+    for node in nodes:
+        machine = Machine.objects.get(name=node.machine)
+        shown = on(machine, "cat /etc/fadenstack/hostfile; echo ---; env")
+        hostfile, env_text = shown.split("---\n", 1)
+        env = dict(line.split("=", 1) for line in env_text.splitlines() if "=" in line)
+        assert hostfile == expected_hostfile, node.machine
+        assert env["MASTER_ADDR"] == nodes[0].address and env["MASTER_PORT"] == "29500"
+        assert (env["NODE_RANK"], env["WORLD_NODES"]) == (str(node.rank), str(len(nodes)))
+        assert env["NCCL_SOCKET_IFNAME"] == f"={node.interface}" and env["GLOO_SOCKET_IFNAME"] == node.interface
+        assert env["GPUS_PER_NODE"] == str(node.gpus)
+    return nodes
+
+
+def user_key(home: Path) -> Path:
+    """A person's computer: a home with an ed25519 key and nothing else in ~/.ssh."""
+    ssh = home / ".ssh"
+    ssh.mkdir(mode=0o700, parents=True)
+    key = ssh / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "ada@laptop", "-f", str(key)], check=True)
+    return key
+
+
+def known_host(home: Path, machine: Machine) -> None:
+    """What the person said yes to on first login: the machine's host key, as the console pinned it."""
+    with Agent.open(machine) as agent:  # the connection checks the key against the pinned fingerprint
+        key = agent.host_key()
+    host = machine.address if machine.ssh_port == 22 else f"[{machine.address}]:{machine.ssh_port}"
+    with (home / ".ssh" / "known_hosts").open("a") as fh:
+        fh.write(f"{host} {key}\n")
+
+
+def check_certificate_logins(cluster, node: connection.Node, *, console_url: str, token: str, home: Path) -> None:
+    """``faden ssh CLUSTER node-N`` logs in to that node with a certificate signed for the person's key,
+    no key of theirs on the machine; the same key with an expired certificate is refused."""
+    machine = Machine.objects.get(name=node.machine)
+    key = user_key(home)
+    known_host(home, machine)
+    # OpenSSH reads ~/.ssh of the account, not of $HOME: an ssh first on PATH points it at this home's known_hosts.
+    wrapper = home / "bin" / "ssh"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f"#!/bin/sh\nexec /usr/bin/ssh -o UserKnownHostsFile={home / '.ssh' / 'known_hosts'} \"$@\"\n")
+    wrapper.chmod(0o755)
+    env = {**os.environ, "HOME": str(home), "PATH": f"{wrapper.parent}:{os.environ['PATH']}", "FADEN_URL": console_url,
+           "FADEN_TOKEN": token}
+    logged_in = subprocess.run([str(FADEN), "ssh", cluster.name, node.name, "--", "bash -lc 'hostname; echo $NODE_RANK'"],
+                               env=env, capture_output=True, text=True, timeout=60)
+    assert logged_in.returncode == 0, logged_in.stderr
+    assert logged_in.stdout.split() == [node.machine, str(node.rank)]
+    assert "Certificate fadenstack:" in logged_in.stderr
+    public = key.with_name("id_ed25519.pub").read_text().split()[1]
+    assert public not in on(machine, "cat /root/.ssh/authorized_keys /run/fadenstack-lab/ssh/authorized_keys 2>/dev/null; true")
+
+    expired = home / "expired-cert.pub"
+    expired.write_text(ssh_ca.certificate_for(key.with_name("id_ed25519.pub").read_text(), principals=sshd.login_principals(cluster_id=cluster.pk),
+                                              key_id="fadenstack:ada:expired:1", valid_seconds=1, serial=2**40) + "\n")
+    time.sleep(1.5)  # the certificate's one second passes
+    refused = subprocess.run(["ssh", *SSH_OPTIONS, "-i", str(key), "-o", f"CertificateFile={expired}",
+                              "-o", f"UserKnownHostsFile={home / '.ssh' / 'known_hosts'}", "-p", str(machine.ssh_port),
+                              f"root@{machine.address}", "true"], env={**os.environ, "HOME": str(home)},
+                             capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused.stderr
+
+
+def check_node_to_node(cluster, nodes: list[connection.Node], *, home: Path) -> None:
+    """Root on the head reaches every node by name without a password; the cluster's key is refused
+    from the lab host's own network (only the cluster network may use it); a script on every node,
+    started from the head over the cluster's own SSH, rendezvous at MASTER_ADDR:MASTER_PORT and every
+    node agrees on the ranks."""
+    head = Machine.objects.get(name=nodes[0].machine)
+    names = on(head, " ; ".join(f"ssh -o BatchMode=yes {n.name} hostname" for n in nodes)).split()
+    assert names == [n.machine for n in nodes]
+
+    private = home / "cluster-key"
+    private.write_text(on(head, "cat /root/.ssh/fadenstack_cluster"))
+    private.chmod(0o600)
+    other = Machine.objects.get(name=nodes[-1].machine)
+    from_outside = subprocess.run(["ssh", *SSH_OPTIONS, "-i", str(private), "-o", "StrictHostKeyChecking=no",
+                                   "-o", "UserKnownHostsFile=/dev/null", "-p", str(other.ssh_port), f"root@{other.address}", "true"],
+                                  env={**os.environ, "HOME": str(home)}, capture_output=True, text=True, timeout=30)
+    assert from_outside.returncode == 255 and "Permission denied" in from_outside.stderr, from_outside.stderr
+
+    # ssh hands its words to the node's shell as one line: the command is quoted for that shell, then for the head's.
+    remote_command = f"bash -lc {shlex.quote('python3 -c ' + shlex.quote(RENDEZVOUS))}"
+    launch = " ".join(f"ssh -o BatchMode=yes {n.name} {shlex.quote(remote_command)} &" for n in nodes) + " wait"
+    said = sorted(on(head, launch, timeout=90).splitlines())
+    everyone = str(list(range(len(nodes))))
+    assert said == sorted(f"{n.rank} {everyone}" for n in nodes)
