@@ -207,13 +207,15 @@ def seen_twice(findings: Sequence[Finding], first_look: Iterable[tuple[str, str]
 
 # ------------------------------------------------------------------ delete
 
-DELETE_NOW = "now"  # nothing runs that the machines could confirm stopping: the record goes at once
+DELETE_NOW = "now"  # no machine of it answers: the record goes at once
 DELETE_AFTER_STOP = "after_stop"  # stop it on the machines that answer, then the record goes
 
 
-def delete_plan(*, stopped: bool, members: int, machines_online: int) -> str:
-    """How Delete goes: at once when nothing runs that a stop could reach, else stopped first."""
-    if stopped or not members or not machines_online:
+def delete_plan(*, members: int, machines_online: int) -> str:
+    """How Delete goes: a job whenever a machine of the cluster answers, running or stopped (a stop first,
+    harmless on a stopped machine, then its node settings and /shared taken off the machines); at once
+    when none can answer (no members, or all offline)."""
+    if not members or not machines_online:
         return DELETE_NOW
     return DELETE_AFTER_STOP
 

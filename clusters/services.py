@@ -20,7 +20,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from clusters import actions, hooks, planning, policy, selectors, steps
+from clusters import actions, hooks, node_files, planning, policy, selectors, steps
 from clusters.choices import CHECKED, CheckTrigger, ClusterState, MemberState, Role
 from clusters.lifecycle import cluster_changed, cluster_locked, cluster_transition, members_transition
 from clusters.models import Cluster, ClusterMember
@@ -285,8 +285,9 @@ def cluster_stop_unconfirmed(*, cluster: Cluster, failures: list[str]) -> str:
 
 
 def cluster_delete(*, cluster: Cluster, user=None) -> Job | None:
-    """Delete: refused while something registered refuses it (deployments); a running cluster is stopped
-    first (a job), then its record goes; a stopped cluster, or one whose machines are all offline, goes at once (None)."""
+    """Delete: refused while something registered refuses it (deployments); a job stops what runs on the
+    machines that answer and takes the node settings off them, then the record goes; a cluster whose
+    machines are all offline goes at once (None)."""
     with transaction.atomic():
         cluster = cluster_locked(cluster)
         _actions(cluster, user)["delete"].check()
@@ -296,19 +297,21 @@ def cluster_delete(*, cluster: Cluster, user=None) -> Job | None:
         _cancel_start(cluster)
         members = list(cluster.members.select_related("machine"))
         online = [m for m in members if m.machine.state != MachineState.OFFLINE]
-        plan = policy.delete_plan(stopped=cluster.state == ClusterState.STOPPED, members=len(members), machines_online=len(online))
-        if plan == policy.DELETE_NOW:
+        if policy.delete_plan(members=len(members), machines_online=len(online)) == policy.DELETE_NOW:
             cluster_record_delete(cluster=cluster)
             return None
+        doing = "Taking the node settings off" if cluster.state == ClusterState.STOPPED else "Stopping Ray and the runtime on"
         cluster_transition(cluster=cluster, to=ClusterState.DELETING,
-                           reason="Stopping Ray and the runtime on the machines that answer, then deleting the cluster.")
+                           reason=f"{doing} the machines that answer, then deleting the cluster.")
         hooks.cluster_stopping.send(sender=Cluster, cluster=cluster, deleting=True)
         return _cluster_job(cluster, steps.DELETE, title=f"Delete {cluster.name}", user=user)
 
 
 def cluster_record_delete(*, cluster: Cluster) -> None:
-    """The cluster's rows go; its machines stay enrolled and free to join another cluster."""
+    """The cluster's rows go, and its sealed node key with them; its machines stay enrolled and free to
+    join another cluster. Inside the caller's transaction when there is one (the Delete job's)."""
     machine_ids = selectors.cluster_machine_ids(cluster)
+    node_files.node_key_forget(cluster=cluster)
     for machine_id in machine_ids:
         hooks.member_leaving.send(sender=Cluster, cluster=cluster, machine_id=machine_id)
     pk = cluster.pk

@@ -193,7 +193,7 @@ cluster_check = _button("cluster_check_now", "Looking at {name} now: the result 
 
 
 def cluster_delete(request, pk: int):
-    """GET: what deleting does; POST: delete (at once, or stopped first by a job)."""
+    """GET: what deleting does; POST: delete (a job on the machines that answer, else at once)."""
     cluster = _cluster_or_404(pk)
     if request.method == "POST":
         name = cluster.name
@@ -205,7 +205,7 @@ def cluster_delete(request, pk: int):
         if job is None:
             messages.success(request, f"{name} was deleted. Its machines stay enrolled and can join another cluster.")
         else:
-            messages.success(request, f"Deleting {name}: it is stopped on its machines first, then its record goes.")
+            messages.success(request, f"Deleting {name}: it is stopped on its machines and their node settings go first, then its record.")
         return redirect("clusters:list")
     return render(request, "clusters/cluster_confirm.html", pages.cluster_cards(cluster, role=role_of(request.user), status=False) | {
         "confirm": "delete",

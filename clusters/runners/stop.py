@@ -16,7 +16,6 @@ from clusters.choices import ClusterState, MemberState
 from clusters.fanout import each
 from clusters.lifecycle import cluster_transition, member_transition
 from clusters.models import Cluster, ClusterMember
-from clusters.node_files import node_key_forget
 from clusters.runners.nodes import node_settings_remove
 from clusters.selectors import cluster_members
 from console.choices import JOB_ACTIVE
@@ -98,8 +97,7 @@ def cluster_delete_run(ctx: JobContext, *, cluster_id: int) -> None:
     node_settings_remove(ctx, cluster=cluster.name, machines=[m.machine for m in cluster_members(cluster, status=False)])
     steps.DELETE_RECORD.always(ctx)
     with transaction.atomic():
-        # In the record's transaction: a job taken up again once the record went finds nothing left to forget.
-        node_key_forget(cluster=cluster)
+        # The node key is forgotten in the record's transaction: a job taken up again finds nothing left to forget.
         services.cluster_record_delete(cluster=cluster)
 
 

@@ -152,6 +152,7 @@ def test_the_list_gives_each_member_without_its_last_status_and_the_cluster_give
     assert next(m for m in one["members"] if m["role"] == "head")["last_status"] == {"ray": "running"}
     assert one.pop("deployments") == []  # the cluster's detail adds its deployments (deployments/api.py)
     assert one.pop("connection")["nodes"][0]["name"] == "node-0" and one.pop("connection_reason") == ""  # how to reach it
+    assert one.pop("last_test", None) is None  # the NCCL test last run on it
     assert {k: v for k, v in one.items() if k != "members"} == {k: v for k, v in listed.items() if k != "members"}
     assert [{k: v for k, v in m.items() if k != "last_status"} for m in one["members"]] == listed["members"]
     head = listed["members"][0]
@@ -498,8 +499,9 @@ def test_removing_the_only_machine_of_a_cluster_is_a_400_that_says_delete_it_ins
 # -- delete -----------------------------------------------------------------------------------------
 
 
-def test_deleting_a_stopped_cluster_is_a_204_that_leaves_its_machines(post, stopped_room, queued):
+def test_deleting_a_stopped_cluster_whose_machines_are_offline_is_a_204_that_leaves_its_machines(post, stopped_room, queued):
     machine_ids = set(stopped_room.members.values_list("machine_id", flat=True))
+    Machine.objects.update(state=MachineState.OFFLINE)
 
     response = post(f"/api/clusters/{stopped_room.pk}/", method="delete")
 
@@ -508,6 +510,14 @@ def test_deleting_a_stopped_cluster_is_a_204_that_leaves_its_machines(post, stop
     assert not ClusterMember.objects.exists()
     assert set(Machine.objects.values_list("pk", flat=True)) == machine_ids
     assert queued == []
+
+
+def test_deleting_a_stopped_cluster_whose_machines_answer_is_a_202_with_the_delete_job(post, stopped_room, queued):
+    response = post(f"/api/clusters/{stopped_room.pk}/", method="delete")
+
+    assert response.status_code == 202
+    job = Job.objects.get(pk=response.json()["job"])
+    assert job.kind == "cluster.delete" and queued == [("cluster_job", job.pk)]
 
 
 def test_deleting_a_running_cluster_stops_it_first_and_answers_202_with_the_job(post, room, queued):

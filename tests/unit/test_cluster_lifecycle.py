@@ -302,16 +302,26 @@ def test_delete_is_refused_while_the_cluster_has_a_deployment(committed, queued,
     assert jobs_of(room) == [] and queued == []
 
 
-def test_delete_of_a_stopped_cluster_goes_at_once_and_leaves_its_machines_enrolled_and_free(committed, queued, stopped_room,
-                                                                                           gpu_a, gpu_b):
+def test_delete_of_a_stopped_cluster_is_a_job_that_takes_the_node_settings_off_its_machines(committed, queued, stopped_room):
+    job = committed(services.cluster_delete, cluster=stopped_room)
+
+    cluster = fresh(stopped_room)
+    assert cluster.state == ClusterState.DELETING
+    assert cluster.state_reason == "Taking the node settings off the machines that answer, then deleting the cluster."
+    assert (job.kind, [s["name"] for s in job.steps]) == (steps.DELETE.kind, steps.DELETE.step_names)
+    assert queued == [("cluster_job", job.pk)]
+
+
+def test_delete_of_a_stopped_cluster_whose_machines_are_all_offline_goes_at_once_and_leaves_them_enrolled(
+        committed, queued, stopped_room, gpu_a, gpu_b):
+    Machine.objects.update(state=MachineState.OFFLINE, state_reason="No heartbeat for 30 s.")
+
     assert committed(services.cluster_delete, cluster=stopped_room) is None
 
     assert not Cluster.objects.filter(pk=stopped_room.pk).exists()
     assert not ClusterMember.objects.exists()
     for machine in (gpu_a, gpu_b):
-        machine = Machine.objects.get(pk=machine.pk)
-        assert machine.state == MachineState.HEALTHY
-        assert not hasattr(machine, "membership")
+        assert not hasattr(Machine.objects.get(pk=machine.pk), "membership")
     assert Job.objects.count() == 0 and queued == []
 
 

@@ -11,6 +11,8 @@ from clusters.choices import CheckOutcome, CheckTrigger, ClusterState, Role
 from clusters.models import Cluster, HealthCheck, NetworkMeasurement, RuntimeImage
 from console import roles
 from console.models import Job
+from machines.choices import MachineState
+from machines.models import Machine
 from tests.builders import cluster_of, deployment_of, gpu_machine
 from tests.factories import MachineFactory
 
@@ -187,8 +189,9 @@ def test_the_delete_page_says_a_running_cluster_is_stopped_first_and_its_machine
     assert "disabled" not in button(html, "Delete gpu-room")
 
 
-def test_deleting_a_stopped_cluster_removes_it_at_once_and_returns_to_the_list(admin_client, build):
+def test_deleting_a_stopped_cluster_of_offline_machines_removes_it_at_once_and_returns_to_the_list(admin_client, build):
     cluster = make_cluster(build, state=ClusterState.STOPPED)
+    Machine.objects.update(state=MachineState.OFFLINE)
     response = admin_client.post(f"/clusters/{cluster.pk}/delete/", follow=True)
     assert response.redirect_chain[-1][0] == "/clusters/"
     assert "gpu-room was deleted" in response.content.decode()
