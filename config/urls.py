@@ -18,6 +18,7 @@ urlpatterns = [
     path("users/add/", views.user_add, name="user-add"),
     path("users/<id:pk>/role/", views.user_role, name="user-role"),
     path("users/<id:pk>/active/", views.user_active, name="user-active"),
+    path("users/<id:pk>/node-logins/", views.user_node_logins, name="user-node-logins"),
     path("machines/", include("machines.urls")),
     path("clusters/", include("clusters.urls")),
     path("models/", include("deployments.model_urls")),

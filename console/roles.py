@@ -188,6 +188,13 @@ def node_logins_allowed(user) -> bool:
     return user is not None and user.is_active and user.has_perm(NODE_LOGIN.permission)
 
 
+def node_logins_held(users) -> set[int]:
+    """The ids among ``users`` allowed node logins through the group (one query, for a page of users)."""
+    from django.contrib.auth.models import Group
+
+    return set(Group.objects.filter(name=NODE_LOGIN.group, user__in=[u.pk for u in users]).values_list("user", flat=True))
+
+
 def node_logins_set(user, allowed: bool) -> None:
     """Allow ``user`` node logins, or take them back, through the group "Node logins" (the audit trail
     records the change as it records any group's). Who may do this (an Administrator) is the

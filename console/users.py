@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from console import roles
@@ -18,6 +19,8 @@ User = get_user_model()
 
 
 OWN_ACCOUNT = "This is your own account: another Administrator changes its role or deactivates it."
+NODE_LOGINS_FOR_OPERATORS = ("Node logins are allowed one by one for Operators only: an Administrator has them with the "
+                             "role, and a Viewer never logs in to a machine.")
 
 
 def user_offer(user, *, by, role: Role | None) -> Offer:
@@ -54,3 +57,12 @@ def user_active_set(*, user, active: bool, by) -> None:
     user.is_active = active
     user.save(update_fields=["is_active"])
 
+
+
+def user_node_logins_set(*, user, allowed: bool, by) -> None:
+    """Allow an Operator to log in to the machines of clusters as root with a short-lived certificate,
+    or take it back (certificates signed before stay valid until they expire: an hour by default)."""
+    user_offer(user, by=by, role=roles.acting(by)).check()
+    if roles.role_of(user) != roles.OPERATOR:
+        raise ValidationError(NODE_LOGINS_FOR_OPERATORS)
+    roles.node_logins_set(user, allowed)

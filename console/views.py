@@ -50,8 +50,9 @@ def user_list(request, form: UserAddForm | None = None):
     roles.MANAGE_USERS.offer(role).check()
     page = Paginator(get_user_model().objects.order_by("username"), USERS_PAGE_SIZE).get_page(params.int_param(request.GET, "page", default=1))
     held = roles.roles_held(page.object_list)
-    rows = [{"user": user, "role": held[user.pk], "offer": users.user_offer(user, by=request.user, role=role)}
-            for user in page.object_list]
+    node_logins = roles.node_logins_held(page.object_list)
+    rows = [{"user": user, "role": held[user.pk], "offer": users.user_offer(user, by=request.user, role=role),
+             "node_logins": user.pk in node_logins} for user in page.object_list]
     context = {"rows": rows, "page": page, "form": form or UserAddForm(), "roles": roles.ROLES}
     return render(request, "console/users.html", context, status=400 if form is not None else 200)
 
@@ -83,6 +84,21 @@ def user_role(request, pk: int):
         return redirect("users")
     users.user_role_change(user=user, role=form.chosen_role(), by=request.user)
     messages.success(request, f"{user.username} is now {form.chosen_role().article} {form.chosen_role()}.")
+    return redirect("users")
+
+
+@require_POST
+def user_node_logins(request, pk: int):
+    user = get_object_or_404(get_user_model(), pk=pk)
+    allowed = request.POST.get("allowed") == "true"
+    try:
+        users.user_node_logins_set(user=user, allowed=allowed, by=request.user)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect("users")
+    messages.success(request, f"{user.username} may now log in to the machines of clusters as root, with a certificate."
+                     if allowed else f"{user.username} can no longer get node login certificates; those signed before "
+                                     f"stay valid until they expire.")
     return redirect("users")
 
 

@@ -144,3 +144,43 @@ def test_the_users_page_is_an_administrators_and_says_so_to_the_others(role):
 
     assert response.status_code == 403
     assert f"Your role is {role}: managing users needs an Administrator." in text(response)
+
+
+# -- node logins ------------------------------------------------------------------------------------
+
+
+def test_an_administrator_allows_an_operator_node_logins_and_takes_them_back(client):
+    bob = UserFactory(username="bob", role=OPERATOR)
+    before = row(text(client.get("/users/")), bob)
+
+    allowed = text(client.post(f"/users/{bob.pk}/node-logins/", {"allowed": "true"}, follow=True))
+    holds = roles.node_logins_allowed(User.objects.get(pk=bob.pk))
+    taken = text(client.post(f"/users/{bob.pk}/node-logins/", {"allowed": "false"}, follow=True))
+
+    assert "Not allowed" in before and ">Allow</button>" in before
+    assert "bob may now log in to the machines of clusters as root" in allowed and "Take back" in row(allowed, bob)
+    assert holds
+    assert "bob can no longer get node login certificates" in taken
+    assert not roles.node_logins_allowed(User.objects.get(pk=bob.pk))
+
+
+def test_node_logins_are_allowed_one_by_one_for_operators_only(client, administrator):
+    vic = UserFactory(username="vic", role=VIEWER)
+    page = text(client.get("/users/"))
+
+    refused = text(client.post(f"/users/{vic.pk}/node-logins/", {"allowed": "true"}, follow=True))
+
+    assert "never" in row(page, vic) and "with the role" in row(page, administrator)
+    assert "Node logins are allowed one by one for Operators only" in refused
+    assert not roles.node_logins_allowed(User.objects.get(pk=vic.pk))
+
+
+def test_an_operator_cannot_allow_themselves_node_logins(client):
+    bob = UserFactory(username="bob", role=OPERATOR)
+    own = Client()
+    own.force_login(bob)
+
+    response = own.post(f"/users/{bob.pk}/node-logins/", {"allowed": "true"})
+
+    assert response.status_code == 403
+    assert not roles.node_logins_allowed(User.objects.get(pk=bob.pk))
