@@ -178,7 +178,7 @@ def cluster_check_run(*, cluster_id: int, trigger: str, detail: str = "", first_
     check.outcome = decision.outcome
     check.action = decision.action
     with transaction.atomic():
-        cluster = Cluster.objects.select_for_update().get(pk=cluster.pk)
+        cluster = Cluster.objects.select_for_update(no_key=True).get(pk=cluster.pk)
         newer = HealthCheck.objects.filter(cluster=cluster, started_at__gt=check.started_at, finished_at__isnull=False)
         if cluster.state not in CHECKED or selectors.cluster_busy(cluster):
             check.outcome, check.action = CheckOutcome.SKIPPED, "Nothing done: another operation started meanwhile."

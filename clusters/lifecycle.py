@@ -30,8 +30,11 @@ def cluster_changed(cluster: Cluster | int, part: str = "") -> None:
 
 
 def cluster_locked(cluster: Cluster) -> Cluster:
-    """The cluster's row, locked until the transaction ends, so that two requests cannot both act on it."""
-    return Cluster.objects.select_for_update().get(pk=cluster.pk)
+    """The cluster's row, locked until the transaction ends, so that two requests cannot both act on it.
+    FOR NO KEY UPDATE, as every lock of ours: it keeps out the other lockers but not a row that only refers
+    to this one (a health check, a job) being written meanwhile, whose key check would otherwise wait for
+    this transaction while it waits for that one (a deadlock PostgreSQL ends by failing one of them)."""
+    return Cluster.objects.select_for_update(no_key=True).get(pk=cluster.pk)
 
 
 def cluster_transition(*, cluster: Cluster, to: str, reason: str = "") -> bool:

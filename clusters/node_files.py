@@ -88,7 +88,7 @@ def node_key_for(*, cluster: Cluster) -> NodeKey:
     public half. Under the cluster's row lock, so two members' runners make one key between them."""
     name = node_key_secret_name(cluster.pk)
     with transaction.atomic():
-        row = Cluster.objects.select_for_update().only("pk", "name", "node_public_key").get(pk=cluster.pk)
+        row = Cluster.objects.select_for_update(no_key=True).only("pk", "name", "node_public_key").get(pk=cluster.pk)
         private = secrets.secret_get(name)
         if private and row.node_public_key and _halves_match(private, row.node_public_key):
             key = NodeKey(public_key=row.node_public_key, private_key=private)

@@ -108,7 +108,7 @@ def _cluster_write(*, name: str, network: str, picked: list[planning.Candidate],
     """The cluster's rows and its start job, in the caller's transaction."""
     machine_ids = [c.id for c in picked]
     # Lock the machines so that two wizards cannot put one machine in two clusters.
-    locked = {m.pk: m for m in Machine.objects.select_for_update().filter(pk__in=machine_ids)}
+    locked = {m.pk: m for m in Machine.objects.select_for_update(no_key=True).filter(pk__in=machine_ids)}
     taken = ClusterMember.objects.filter(machine_id__in=machine_ids).select_related("machine", "cluster")
     if taken:
         t = taken[0]
@@ -343,7 +343,7 @@ def cluster_add_machines(*, cluster: Cluster, machine_ids: list[int], user=None)
         refusals = [verdicts[i][1].refusal for i in machine_ids if not verdicts[i][1].selectable]
         if refusals:
             raise ValidationError({"machines": refusals})
-        locked = {m.pk: m for m in Machine.objects.select_for_update().filter(pk__in=machine_ids)}
+        locked = {m.pk: m for m in Machine.objects.select_for_update(no_key=True).filter(pk__in=machine_ids)}
         if ClusterMember.objects.filter(machine_id__in=machine_ids).exists():
             raise ValidationError({"machines": JUST_TAKEN})
         added = []

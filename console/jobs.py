@@ -194,7 +194,7 @@ def job_run(job_id: int, work: Callable[[JobContext], None], *, on_change: Calla
     """Run ``work`` for the job once. A finished job, or one another live worker runs, is left as
     it is (tasks may be delivered twice); a running job whose worker stopped beating is taken over."""
     with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job_id)
+        job = Job.objects.select_for_update(no_key=True).get(pk=job_id)
         if job.state not in (JobState.QUEUED, JobState.RUNNING):
             return job
         if job.state == JobState.RUNNING and job.beat_at and job.beat_at >= _stale_before():
@@ -262,7 +262,7 @@ def jobs_reap(*, stale_after: timedelta | None = None) -> int:
     touched = 0
     for job_id in Job.objects.filter(state=JobState.RUNNING, beat_at__lt=cutoff).values_list("pk", flat=True):
         with transaction.atomic():
-            job = Job.objects.select_for_update().filter(pk=job_id, state=JobState.RUNNING, beat_at__lt=cutoff).first()
+            job = Job.objects.select_for_update(no_key=True).filter(pk=job_id, state=JobState.RUNNING, beat_at__lt=cutoff).first()
             if job is None:
                 continue  # it beat, or ended, meanwhile
             kind = _KINDS.get(job.kind)

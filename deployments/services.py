@@ -50,7 +50,7 @@ def model_retry(model: StoredModel, *, user=None) -> Job:
     """Download a failed model again: files already in the store and partial files are kept."""
     actions.RETRY.offer(roles.acting(user)).check()
     with transaction.atomic():
-        model = StoredModel.objects.select_for_update().get(pk=model.pk)
+        model = StoredModel.objects.select_for_update(no_key=True).get(pk=model.pk)
         if model.state != ModelState.FAILED:
             raise ValidationError(f"{model} is {model.get_state_display().lower()}: only a failed download is tried again.")
         StoredModel.objects.filter(pk=model.pk).update(state=ModelState.DOWNLOADING, state_reason="")
@@ -63,7 +63,7 @@ def model_delete(model: StoredModel, *, user=None) -> None:
     """Delete the model's record, its tree, and the store's files no other model uses."""
     actions.DELETE.offer(roles.acting(user)).check()
     with transaction.atomic():
-        model = StoredModel.objects.select_for_update().get(pk=model.pk)
+        model = StoredModel.objects.select_for_update(no_key=True).get(pk=model.pk)
         if refusal := actions.model_delete_refusal(model):
             raise ValidationError(refusal)
         repo, commit, pk = model.repo, model.commit, model.pk
@@ -91,7 +91,7 @@ def model_copy(model: StoredModel, cluster, *, user=None) -> Job:
     """Put the model's files on the cluster's machines (ahead of a deployment, or for one)."""
     actions.COPY.offer(roles.acting(user)).check()
     with transaction.atomic():
-        model = StoredModel.objects.select_for_update().get(pk=model.pk)
+        model = StoredModel.objects.select_for_update(no_key=True).get(pk=model.pk)
         if model.state != ModelState.READY:
             raise ValidationError(f"{model} is {model.get_state_display().lower()}: its files are not all in the store yet.")
         if cluster.state not in (ClusterState.RUNNING, ClusterState.STOPPED):
@@ -218,7 +218,7 @@ def deployment_scale(*, deployment: Deployment, copies: int, user=None) -> Deplo
         raise ValidationError({"copies": f"From 0 to {COPIES_MAX} copies."})
     with transaction.atomic():
         cluster_locked(deployment.cluster)
-        deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        deployment = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
         have = list(deployment.copy_rows.exclude(state__in=(CopyState.STOPPING,)).order_by("number"))
         if copies > len(have):
             ask = ask_of(deployment, copies=copies - len(have))
@@ -292,7 +292,7 @@ def deployment_change(*, deployment: Deployment, ask: DeployAsk, user=None) -> D
         raise ValidationError(problems)
     with transaction.atomic():
         cluster_locked(deployment.cluster)
-        current = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        current = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
         if current.deleting_since:
             raise ValidationError(f"{current.name} is being deleted.")
         if changes := deployment_changes(current, ask):
@@ -310,7 +310,7 @@ def deployment_delete(*, deployment: Deployment, user=None) -> serving.Deleted:
     record goes at once, and the page says its copies may still run on the machines."""
     actions.DEPLOY.offer(roles.acting(user)).check()
     with transaction.atomic():
-        deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+        deployment = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
         return serving.delete_start(deployment, user=user)
 # -- the gateway's keys ------------------------------------------------------------------------------
 

@@ -99,7 +99,7 @@ def apply_start(deployment: Deployment, *, user=None) -> Job:
     per deployment at a time: it alone claims and starts copies). A job that has said it is closing
     (``closing``, written under the row lock) reads nothing more, so a new one starts then."""
     with transaction.atomic():
-        active = (Job.objects.select_for_update().filter(kind=KIND, target_type="deployment", target_id=deployment.pk,
+        active = (Job.objects.select_for_update(no_key=True).filter(kind=KIND, target_type="deployment", target_id=deployment.pk,
                                                          state__in=JOB_ACTIVE).order_by("-created_at").first())
         if active is not None and not active.params.get("closing"):
             if active.state == JobState.RUNNING and not active.params.get("again"):
@@ -113,7 +113,7 @@ def apply_start(deployment: Deployment, *, user=None) -> Job:
 def another_round(job: Job) -> bool:
     """Asked by the apply job before it ends: was more asked of it meanwhile? If not, it says it is closing."""
     with transaction.atomic():
-        row = Job.objects.select_for_update().get(pk=job.pk)
+        row = Job.objects.select_for_update(no_key=True).get(pk=job.pk)
         again = bool(row.params.pop("again", False))
         if not again:
             row.params["closing"] = True

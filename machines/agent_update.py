@@ -69,7 +69,7 @@ def machine_update_agent_run(ctx: JobContext, *, machine_id: int) -> None:
 def _agent_recorded(machine_id: int, *, version: str, path: str, python: str, before: str) -> None:
     """Write the agent the machine now runs (its commands go to the new file from now on) and push its pages."""
     with transaction.atomic():
-        machine = Machine.objects.select_for_update().get(pk=machine_id)
+        machine = Machine.objects.select_for_update(no_key=True).get(pk=machine_id)
         machine.agent_version, machine.agent_path, machine.python_path = version, path, python
         machine.save(update_fields=["agent_version", "agent_path", "python_path"])
         if before != version:

@@ -46,12 +46,12 @@ def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:
         raise host_key_refused(machine_id, exc) from exc
     except remote.RemoteError as exc:
         with transaction.atomic():
-            machine = Machine.objects.select_for_update().get(pk=machine_id)
+            machine = Machine.objects.select_for_update(no_key=True).get(pk=machine_id)
             if machine.state in (MachineState.ENROLLING, MachineState.FAILED):
                 services.machine_transition(machine=machine, to=MachineState.FAILED, reason=exc.message)
         raise JobError(exc.message, kind=exc.kind) from exc
     with transaction.atomic():
-        machine = Machine.objects.select_for_update().get(pk=machine_id)
+        machine = Machine.objects.select_for_update(no_key=True).get(pk=machine_id)
         machine.last_seen = timezone.now()
         machine.save(update_fields=["last_seen"])
         services.machine_transition(machine=machine, to=MachineState.HEALTHY)
@@ -92,7 +92,7 @@ def heartbeat_start(ctx: JobContext, *, machine: Machine, agent: Agent, prefligh
 def host_key_refused(machine_id: int, exc: remote.HostKeyMismatch) -> JobError:
     """Keep the key the machine offered for an Administrator to trust, mark it Failed, and say why."""
     with transaction.atomic():
-        machine = Machine.objects.select_for_update().get(pk=machine_id)
+        machine = Machine.objects.select_for_update(no_key=True).get(pk=machine_id)
         machine.offered_host_key_fingerprint = exc.offered
         machine.save(update_fields=["offered_host_key_fingerprint"])
         services.machine_transition(machine=machine, to=MachineState.FAILED, reason=exc.message)

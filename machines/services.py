@@ -156,7 +156,7 @@ def machine_trust_host_key(*, machine: Machine, fingerprint: str, user=None) -> 
             {"fingerprint": f"The machine offered {remote_fp}; confirm that fingerprint, not {fingerprint or 'nothing'}."}
         )
     with transaction.atomic():
-        machine = Machine.objects.select_for_update().get(pk=machine.pk)
+        machine = Machine.objects.select_for_update(no_key=True).get(pk=machine.pk)
         previous = machine.host_key_fingerprint
         machine.host_key_fingerprint = fingerprint
         machine.offered_host_key_fingerprint = ""
@@ -241,7 +241,7 @@ def machine_update_agent(*, machine: Machine, user=None) -> Job:
     """
     actions.UPDATE_AGENT.offer(roles.acting(user)).check()
     with transaction.atomic():
-        machine = Machine.objects.select_for_update().get(pk=machine.pk)  # one job at a time, even when two ask at once
+        machine = Machine.objects.select_for_update(no_key=True).get(pk=machine.pk)  # one job at a time, even when two ask at once
         busy = bool(_machines_busy([machine.pk]))
         actions.update_agent_offer(machine, busy=busy, role=roles.acting(user)).check()
         return _update_agent_start(machine, user=user)
@@ -255,7 +255,7 @@ def machines_update_agent(*, machine_ids: list[int], user=None) -> AgentUpdates:
         raise ValidationError({"machines": "Select the machines whose agent to update."})
     updates = AgentUpdates()
     with transaction.atomic():
-        machines = list(Machine.objects.select_for_update().defer("facts").filter(pk__in=machine_ids).order_by("pk"))
+        machines = list(Machine.objects.select_for_update(no_key=True).defer("facts").filter(pk__in=machine_ids).order_by("pk"))
         busy = _machines_busy(m.pk for m in machines)
         missing = sorted(set(machine_ids) - {m.pk for m in machines})
         if missing:
@@ -344,7 +344,7 @@ def machine_runtime_choose(*, machine: Machine, choice: str, user=None) -> Machi
     agent found. A cluster running on it keeps its containers; its next start uses the choice."""
     actions.CHOOSE_RUNTIME.offer(roles.acting(user)).check()
     with transaction.atomic():
-        machine = Machine.objects.select_for_update().get(pk=machine.pk)
+        machine = Machine.objects.select_for_update(no_key=True).get(pk=machine.pk)
         refusal = runtimes.choice_refusal(machine_name=machine.name, choice=choice, found=machine.runtimes_found())
         if refusal:
             raise ValidationError({"runtime_choice": refusal})
@@ -404,7 +404,7 @@ def machine_heartbeat(*, machine: Machine, payload: dict) -> Machine | None:
     was deleted meanwhile."""
     now = timezone.now()
     with transaction.atomic():
-        machine = Machine.objects.select_for_update().filter(pk=machine.pk).first()
+        machine = Machine.objects.select_for_update(no_key=True).filter(pk=machine.pk).first()
         if machine is None:
             return None
         was_seen = machine.last_seen
@@ -457,7 +457,7 @@ def machines_mark_offline(*, now=None) -> list[int]:
     marked = []
     for pk in stale:
         with transaction.atomic():
-            machine = Machine.objects.select_for_update().get(pk=pk)
+            machine = Machine.objects.select_for_update(no_key=True).get(pk=pk)
             if machine.state == MachineState.HEALTHY and machine.last_seen and machine.last_seen < cutoff:
                 seconds = int((now - machine.last_seen).total_seconds())
                 machine_transition(machine=machine, to=MachineState.OFFLINE, reason=f"No heartbeat for {seconds} s.")

@@ -1,0 +1,49 @@
+"""The console's row locks (FOR NO KEY UPDATE) keep other lockers out but let a row that refers to the
+locked one be written meanwhile. With FOR UPDATE, a health check holding its cluster while a heartbeat
+held its machine deadlocked on the two key checks at commit (seen in the lab); PostgreSQL only."""
+import threading
+
+import pytest
+from django.db import connection, transaction
+
+from clusters.choices import CheckTrigger
+from clusters.lifecycle import cluster_locked
+from clusters.models import Cluster, HealthCheck
+from tests.builders import cluster_of, gpu_machine
+
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.skipif("connection.vendor != 'postgresql'", reason="SQLite has no row locks")]
+
+
+def in_thread(work, *, timeout: float) -> bool:
+    """Run ``work`` on its own connection; whether it finished within ``timeout`` seconds."""
+    done = threading.Event()
+
+    def run():
+        try:
+            with transaction.atomic():
+                work()
+            done.set()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    finished = done.wait(timeout)
+    return finished, thread
+
+
+def test_a_locked_cluster_still_takes_a_health_check_but_not_a_second_locker():
+    room = cluster_of([gpu_machine("lab-a", 11)])
+    with transaction.atomic():
+        cluster_locked(room)
+
+        checked, _ = in_thread(lambda: HealthCheck.objects.create(cluster_id=room.pk, trigger=CheckTrigger.HEARTBEAT),
+                               timeout=5)
+        locker_done, locker = in_thread(lambda: cluster_locked(Cluster(pk=room.pk)), timeout=0.5)
+
+        assert checked, "a row referring to the locked cluster waited for the lock"
+        assert not locker_done, "a second locker got the cluster while it was locked"
+    locker.join(5)
+    assert not locker.is_alive()
+    assert HealthCheck.objects.filter(cluster=room).count() == 1
