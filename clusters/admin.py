@@ -2,7 +2,7 @@ from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
 
-from clusters.models import Cluster, ClusterMember, HealthCheck, RuntimeImage
+from clusters.models import Cluster, ClusterMember, HealthCheck, NcclTest, RuntimeImage
 from clusters.validators import name_taken, validate_cluster_name
 from console.admin import RecordAdmin, RecordInline
 
@@ -62,6 +62,15 @@ class HealthCheckAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+@admin.register(NcclTest)
+class NcclTestAdmin(RecordAdmin):
+    """Every NCCL test and its sizes: written by the test's job, read here."""
+
+    list_display = ["cluster", "started_at", "state", "started_by", "message"]
+    list_filter = ["state", "cluster"]
+    date_hierarchy = "started_at"
 
 
 @admin.register(RuntimeImage)

@@ -16,6 +16,7 @@ from clusters import hooks, planning, selectors, services, steps
 from clusters.choices import MemberState, Role
 from clusters.connection_api import ConnectionActions, ConnectionSerializer, connection_fields
 from clusters.models import Cluster, ClusterMember, HealthCheck, Transfer
+from clusters.nccl_api import NcclTestActions, NcclTestSerializer, last_test
 from clusters.pages import network_view
 from console import api, params
 from console.models import Job
@@ -115,8 +116,14 @@ class ClusterDetailSerializer(ClusterSerializer):
                                                               "Connect card; null until every machine is Up")
     connection_reason = serializers.SerializerMethodField(help_text="Why connection is null (Waiting for lab-b to be Up.); empty otherwise")
 
+    last_test = serializers.SerializerMethodField(help_text="The newest NCCL test (GET tests/<id>/ for one), null before any")
+
     class Meta(ClusterSerializer.Meta):
-        fields = [*ClusterSerializer.Meta.fields, "connection", "connection_reason"]
+        fields = [*ClusterSerializer.Meta.fields, "connection", "connection_reason", "last_test"]
+
+    @extend_schema_field(NcclTestSerializer(allow_null=True))
+    def get_last_test(self, cluster):
+        return last_test(cluster)
 
     def _reach(self, cluster) -> dict:
         # Both fields come from one look at the cluster.
@@ -244,7 +251,7 @@ class NetworksSerializer(serializers.Serializer):
     networks = SharedNetworkSerializer(many=True)
 
 
-class ClusterViewSet(ConnectionActions, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class ClusterViewSet(ConnectionActions, NcclTestActions, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     serializer_class = ClusterSerializer
 
     def get_serializer_class(self):

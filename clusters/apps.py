@@ -6,7 +6,7 @@ class ClustersConfig(AppConfig):
     verbose_name = "Clusters"
 
     def ready(self) -> None:
-        from clusters import heartbeats, hooks, pages, services, steps
+        from clusters import heartbeats, hooks, nccl_card, nccl_tests, pages, services, steps
         from clusters.pruning import health_checks_prune
         from console.pruning import register_pruner
         from clusters.runners.start import members_abandoned, start_abandoned
@@ -20,6 +20,7 @@ class ClustersConfig(AppConfig):
         live.register("probe", pages.render_probe_topic, takes=live.an_id)
         # The cluster's own card among the registered ones: drawn first (deployments registers after).
         hooks.page_card_register("connect", template="clusters/_connect_card.html", context=pages.connect_card)
+        hooks.page_card_register(nccl_tests.LIVE_PART, template="clusters/_nccl_card.html", context=nccl_card.nccl_card)
 
         # Every operation on a cluster survives its worker: the reaper hands it to another one.
         task = "clusters.tasks.cluster_job"
@@ -29,6 +30,7 @@ class ClustersConfig(AppConfig):
         job_kind_register(steps.STOP.kind, task=task, resumable=True, on_failed=stop_abandoned)
         job_kind_register(steps.DELETE.kind, task=task, resumable=True, on_failed=stop_abandoned)
         job_kind_register(steps.PROBE_KIND, task="clusters.tasks.network_probe")
+        job_kind_register(steps.NCCL_TEST.kind, task="clusters.tasks.nccl_test", on_failed=nccl_tests.nccl_test_abandoned)
         register_pruner("health checks", health_checks_prune, keep_days_setting="FADEN_KEEP_CHECKS_DAYS")
 
         def reconnected(sender, *, machine_id: int, name: str, **kwargs) -> None:

@@ -126,3 +126,21 @@ def each(members: Sequence[ClusterMember], work: Callable[[ClusterMember], str |
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(members)))) as pool:
         return [f for f in pool.map(lambda m: in_thread(work, m), members) if f]
 
+
+
+Outcome = tuple[object, AgentError | None]  # the agent's answer, or why there is none
+
+
+def on_every_agent(machines: Sequence[Machine], call: Callable[[Agent], object]) -> dict[int, Outcome]:
+    """``call`` with each machine's agent, all at once; what each answered or raised, by machine id."""
+    outcomes: dict[int, Outcome] = {}
+
+    def one(machine: Machine) -> None:
+        try:
+            with Agent.open(machine) as agent:
+                outcomes[machine.pk] = (call(agent), None)
+        except AgentError as exc:
+            outcomes[machine.pk] = (None, exc)
+
+    each(machines, one)
+    return outcomes

@@ -15,6 +15,8 @@
   answers the health extensions get, under the question's name.
 - ``accelerators_held_register``: how many of a cluster's accelerators are held
   (by copies of models), so that Free accelerators counts them.
+- ``serving_copies_register``: how many copies serve on a cluster's GPUs, so that
+  the NCCL test (which takes every GPU) asks for confirmation first.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ _delete_blockers: dict[str, Callable[[object], str | None]] = {}
 _health_extensions: dict[str, Callable[[object, dict], None]] = {}
 _accelerators_held: dict[str, Callable[[object, list[int]], float]] = {}
 _health_questions: dict[str, Callable[[object, object], object]] = {}
+_serving_copies: dict[str, Callable[[object], int]] = {}
 
 
 def page_card_register(name: str, *, template: str, context: Callable[[object], dict]) -> None:
@@ -51,6 +54,11 @@ def page_card_register(name: str, *, template: str, context: Callable[[object], 
 
 def page_cards() -> list[PageCard]:
     return list(_cards.values())
+
+
+def page_card(name: str) -> PageCard | None:
+    """The card registered under ``name``: a live push of the cluster's page for that part renders it alone."""
+    return _cards.get(name)
 
 
 def delete_blocker_register(name: str, check: Callable[[object], str | None]) -> None:
@@ -95,3 +103,13 @@ def accelerators_free(cluster, joined: list) -> float:
     held = sum(held(cluster, machine_ids) for held in _accelerators_held.values()) if machine_ids else 0
     free = max(total - held, 0)
     return int(free) if free == int(free) else round(float(free), 2)
+
+
+def serving_copies_register(name: str, count: Callable[[object], int]) -> None:
+    """``count(cluster)``: how many copies of models serve on the cluster's machines now."""
+    _serving_copies[name] = count
+
+
+def serving_copies(cluster) -> int:
+    """Every copy that serves on the cluster, whatever app runs it."""
+    return sum(count(cluster) for count in _serving_copies.values())

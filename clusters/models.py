@@ -54,6 +54,9 @@ class Cluster(models.Model):
     # The cluster's own SSH key between its nodes (issue 13): the private half is sealed in console/secrets.py
     # under clusters/node_files.py's name for it, never in this table.
     node_public_key = models.CharField(max_length=255, blank=True, help_text="Public half of the cluster's node-to-node SSH key")
+    # /shared (clusters/runners/shared.py): {"method": "nfs" | "sshfs" | "none", "reason": why none, "left_out":
+    # [machine names not mounting it]}, as the last start or join found it; {} before the first.
+    shared_files = models.JSONField(default=dict, blank=True, help_text="How /shared is shared: the method, and who is left out")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -197,3 +200,55 @@ class HealthCheck(models.Model):
     @property
     def seconds(self) -> float | None:
         return (self.finished_at - self.started_at).total_seconds() if self.finished_at else None
+
+
+class NcclTestState(models.TextChoices):
+    RUNNING = "running", "Running"  # the all-reduce runs on the head; rows arrive as sizes finish
+    FINISHED = "finished", "Finished"  # every size ran
+    STOPPED = "stopped", "Stopped"  # a stop rule ended it early (a slow link, the time limit, someone's abort)
+    FAILED = "failed", "Failed"  # the program or the way to the head failed: the message has its words
+
+
+NCCL_TEST_BADGE = {NcclTestState.RUNNING: "blue", NcclTestState.FINISHED: "green", NcclTestState.STOPPED: "amber",
+                   NcclTestState.FAILED: "red"}
+
+
+class NcclTest(models.Model):
+    """One NCCL all-reduce test of a cluster (issue 13): its sweep, the sizes measured so far, and the
+    sentence that says how it ended. ``rows``: ``[{"size_bytes", "time_us", "algbw", "busbw"}]`` in
+    the order run, written as each size finishes. Kept after the job's row is pruned."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nccl_tests")
+    state = models.CharField(max_length=16, choices=NcclTestState.choices, default=NcclTestState.RUNNING)
+    message = models.TextField(blank=True, help_text="The peak, or why it stopped or failed, in words")
+    started_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    nodes = models.PositiveIntegerField(default=0)
+    gpus = models.PositiveIntegerField(default=0)
+    minbytes = models.PositiveBigIntegerField()
+    maxbytes = models.PositiveBigIntegerField()
+    iters = models.PositiveIntegerField()
+    warmup = models.PositiveIntegerField()
+    rows = models.JSONField(default=list, blank=True)
+    avg_busbw = models.FloatField(null=True, blank=True, help_text="nccl-tests' own average, GB/s, when the run completed")
+    job = models.ForeignKey("console.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["-started_at", "-pk"]
+        indexes = [models.Index(fields=["cluster", "-started_at"])]
+        # One test at a time per cluster, even when two requests race past the service's own check.
+        constraints = [models.UniqueConstraint(fields=["cluster"], condition=models.Q(state="running"),
+                                               name="nccl_test_one_running")]
+
+    def __str__(self) -> str:
+        return f"NCCL test of {self.cluster} at {self.started_at:%H:%M:%S}: {self.get_state_display()}"
+
+    @property
+    def badge(self) -> str:
+        return NCCL_TEST_BADGE[self.state]
+
+    @property
+    def peak(self) -> dict | None:
+        """The size with the highest bus bandwidth (the first of equals), None before any size finished."""
+        return max(self.rows, key=lambda row: row["busbw"], default=None)

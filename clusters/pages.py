@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 from django.template.loader import render_to_string
 
-from clusters import actions, connect, hooks, planning, selectors
+from clusters import actions, connect, hooks, nccl_card, planning, selectors
 from clusters.choices import MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, NetworkMeasurement
+from clusters.shared_files import shared_sentence
 from clusters.wiring import wiring_diagram
 from console import roles
 from console.models import Job
@@ -177,7 +178,9 @@ def connect_card(cluster: Cluster, role: roles.Role | None) -> dict:
     sign = ssh_rules.node_login_offer(role=role, allowed=True)
     return {"connect": {"reach": reach, "rows": rows, "blocks": blocks, "jump": reach.jump, "cluster_name": cluster.name,
                         "faden_ssh": f"faden ssh {cluster.name} {reach.nodes[-1].name}", "sign": sign.ok,
-                        "valid_for": connect.validity_words()}}
+                        "valid_for": connect.validity_words(),
+                        "shared": shared_sentence(cluster.shared_files, head_node=reach.nodes[0].name, nodes=len(reach.nodes),
+                                                  node_of={n.machine: n.name for n in reach.nodes})}}
 
 
 def render_connect_card(page: dict) -> str:
@@ -211,15 +214,18 @@ def render_cluster_topic(arg: str, part: str, role: roles.Role) -> list[str]:
         cards = cluster_cards(cluster, role=role)
         # One message with the card: it appears in the same swap as the last machine turning Up.
         return [render_to_string("clusters/cluster_detail.html#members-live", cards | wiring_card(cluster, cards) | {"oob": True})
-                + render_connect_card(cards)]
+                + render_connect_card(cards) + nccl_card.render_nccl_card(cards)]
     if part == "job":
         cards = cluster_cards(cluster, role=role, status=False)
         return [render_to_string("clusters/cluster_detail.html#job-live", cards | runtime_card(cluster, cards["members"]) | {"oob": True})]
     if part == "checks":
         return [render_to_string("clusters/cluster_detail.html#checks-live",
                                  cluster_cards(cluster, role=role, status=False) | checks_card(cluster) | {"oob": True})]
+    if (card := hooks.page_card(part)) is not None:  # a registered card alone (the NCCL test's, after each size)
+        return [render_to_string(card.template, {"cluster": cluster, "role": role, "oob": True} | card.context(cluster, role))]
     page = cluster_page(cluster, role=role)
-    return [render_to_string("clusters/cluster_detail.html#live", page | {"oob": True}) + render_connect_card(page)]
+    return [render_to_string("clusters/cluster_detail.html#live", page | {"oob": True}) + render_connect_card(page)
+            + nccl_card.render_nccl_card(page)]
 
 
 # -- the list -------------------------------------------------------------------------------------

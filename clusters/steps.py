@@ -52,17 +52,24 @@ STOP_ALL = Step("Stop Ray and the runtime")
 # The hostfile, cluster.env, /etc/hosts lines, node-to-node SSH and sshd's trust (clusters/runners/nodes.py).
 WRITE_SETTINGS = Step("Write the node settings")
 REMOVE_SETTINGS = Step("Remove the node settings")
+# /shared on the head, mounted on every other node with NFS or sshfs (clusters/runners/shared.py).
+SHARE_FILES = Step("Share /shared")
+UNMOUNT_SHARED = Step("Unmount /shared")
 DELETE_RECORD = Step("Delete the record")
 
-START = Operation("cluster.start", (GET_IMAGE, LOAD_IMAGE, START_HEAD, JOIN_OTHERS, CHECK_RAY, WRITE_SETTINGS))
+START = Operation("cluster.start", (GET_IMAGE, LOAD_IMAGE, START_HEAD, JOIN_OTHERS, CHECK_RAY, WRITE_SETTINGS, SHARE_FILES))
 # A restart is a start that first stops Ray everywhere: the same kind, one step more.
 RESTART = Operation(START.kind, (STOP_RAY, *START.steps))
 # A join changes every node's hostfile and hosts: ADD and REJOIN write every member's settings again.
-ADD = Operation("cluster.add", (REACH_HEAD, GET_IMAGE, LOAD_IMAGE, JOIN_RAY, CHECK_RAY, WRITE_SETTINGS))
-REJOIN = Operation("cluster.rejoin", (TAKE_OUT, START_RUNTIME, JOIN_RAY, CHECK_RAY, WRITE_SETTINGS))
+ADD = Operation("cluster.add", (REACH_HEAD, GET_IMAGE, LOAD_IMAGE, JOIN_RAY, CHECK_RAY, WRITE_SETTINGS, SHARE_FILES))
+REJOIN = Operation("cluster.rejoin", (TAKE_OUT, START_RUNTIME, JOIN_RAY, CHECK_RAY, WRITE_SETTINGS, SHARE_FILES))
 STOP = Operation("cluster.stop", (STOP_ALL,))  # the settings stay: the cluster and its nodes do not change
-DELETE = Operation("cluster.delete", (STOP_ALL, REMOVE_SETTINGS, DELETE_RECORD))
+# /shared is unmounted before the settings go: sshfs logs in with the cluster's own key.
+DELETE = Operation("cluster.delete", (STOP_ALL, UNMOUNT_SHARED, REMOVE_SETTINGS, DELETE_RECORD))
 PROBE_KIND = "cluster.probe"  # the network test: its steps are the networks it measures
+# The NCCL test (clusters/runners/nccl.py): its job is the test's, not the cluster's, so it blocks no operation.
+RUN_ALLREDUCE = Step("Run the all-reduce")
+NCCL_TEST = Operation("cluster.nccl_test", (RUN_ALLREDUCE,))
 
 # Stop and Delete win over these: they are asked to end at their next step.
 CANCELLABLE_KINDS = frozenset({START.kind, ADD.kind, REJOIN.kind})

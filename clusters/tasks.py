@@ -3,6 +3,7 @@ from celery import shared_task
 
 from clusters import health, services
 from clusters.runners import RUNNERS
+from clusters.runners.nccl import nccl_test_run
 from clusters.runners.probe import network_probe_run
 from console import live
 from console.jobs import job_run
@@ -24,6 +25,12 @@ def cluster_job(job_id: int) -> None:
 @shared_task(acks_late=True)
 def network_probe(job_id: int) -> None:
     job_run(job_id, network_probe_run, on_change=lambda j: live.push(f"probe:{j.pk}"))
+
+
+@shared_task
+def nccl_test(job_id: int) -> None:
+    """The NCCL test: a job of the test's row (it pushes its own card), not one of the cluster's operations."""
+    job_run(job_id, lambda ctx: nccl_test_run(ctx, test_id=ctx.job.target_id), on_change=lambda job: None)
 
 
 @shared_task

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from clusters import connection_views, views
+from clusters import connection_views, nccl_views, views
 
 app_name = "clusters"
 
@@ -21,4 +21,5 @@ urlpatterns = [
     path("<id:pk>/network/", views.cluster_network, name="network"),
     path("<id:pk>/network/test/", views.cluster_network_test, name="network-test"),
     path("<id:pk>/ssh-certificate/", connection_views.cluster_ssh_certificate, name="ssh-certificate"),
+    path("<id:pk>/nccl-test/", nccl_views.cluster_nccl_test, name="nccl-test"),
 ]

@@ -1,4 +1,5 @@
-"""``faden ssh``: the console's client, for any computer that has the console's URL and an API token.
+"""``faden ssh``, ``faden clusters tunnel`` and ``faden clusters test``: the console's client, for any
+computer that has the console's URL and an API token.
 
 It speaks to the console through the REST API only (``FADEN_URL`` and ``FADEN_TOKEN``, or ``--url`` and
 ``--token``), never through the database or the settings, and imports nothing of the server's and no
@@ -13,17 +14,30 @@ head, when none is named), writes it into a directory private to the user, and r
 in this process's place with ``-i KEY -o CertificateFile=...`` and the node's address, as an argv (no
 shell line is built). The certificate is printed nowhere; its key id is.
 
-``faden clusters tunnel NAME`` is to come as one more subcommand: the same certificate (for node-0),
-then ``ssh_argv(..., options=["-N", "-L", ...])``.
+    faden clusters tunnel [-i KEY] [--local-port 8265] [--client-port 10001] CLUSTER
+
+signs the same certificate for node-0 (the head) and runs ``ssh -N -L 127.0.0.1:8265:127.0.0.1:8265
+-L 127.0.0.1:10001:127.0.0.1:10001`` as a child until Ctrl-C: Ray's dashboard and job API and Ray
+Client, which listen on the head's loopback only. The certificate file is removed when it ends.
+
+    faden clusters test [--yes] CLUSTER
+
+starts the NCCL test (``POST /api/clusters/<id>/tests/``), asks once to confirm when the console says
+copies are serving, then asks for the test every second and prints each message size as it finishes,
+then the peak and the console's sentence; exit status 1 when the test failed.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -33,7 +47,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-COMMANDS = frozenset({"ssh"})  # the faden commands this module answers (config/cli.py asks)
+COMMANDS = frozenset({"ssh", "clusters"})  # the faden commands this module answers (config/cli.py asks)
 ENV_URL, ENV_TOKEN = "FADEN_URL", "FADEN_TOKEN"
 DEFAULT_KEY = "~/.ssh/id_ed25519"
 TIMEOUT_SECONDS = 30
@@ -48,11 +62,12 @@ Send = Callable[[str, str, dict, bytes | None], tuple[int, bytes]]
 
 
 class ClientError(Exception):
-    """What went wrong, in one sentence for the terminal; ``code`` is the exit status."""
+    """What went wrong, in one sentence for the terminal; ``code`` is the exit status. When the console
+    refused: ``status`` its HTTP status, ``said`` its sentence, ``answer`` its whole JSON answer."""
 
-    def __init__(self, message: str, code: int = 1):
+    def __init__(self, message: str, code: int = 1, *, status: int = 0, said: str = "", answer: dict | None = None):
         super().__init__(message)
-        self.message, self.code = message, code
+        self.message, self.code, self.status, self.said, self.answer = message, code, status, said, answer or {}
 
 
 def urllib_send(method: str, url: str, headers: dict, body: bytes | None) -> tuple[int, bytes]:
@@ -94,10 +109,12 @@ class Console:
         except ValueError:
             answer = None
         if status >= 400:
-            said = answer.get("message") if isinstance(answer, dict) else None
+            said = refusal_sentence(answer)
             if said:
-                raise ClientError(f"The console refused: {said}" if status != 401 else f"The console refused the token: {said}")
-            raise ClientError(f"The console at {self.url} answered {status}: is {ENV_URL} the console's address?")
+                raise ClientError(f"The console refused: {said}" if status != 401 else f"The console refused the token: {said}",
+                                  status=status, said=said, answer=answer)
+            raise ClientError(f"The console at {self.url} answered {status}: is {ENV_URL} the console's address?",
+                              status=status)
         if not isinstance(answer, dict):
             raise ClientError(f"The console at {self.url} answered with something that is not its API's JSON: "
                               f"is {ENV_URL} the console's address?")
@@ -113,6 +130,27 @@ class Console:
     def ssh_certificate(self, cluster_id: int, *, public_key: str, node: str | None) -> dict:
         body = {"public_key": public_key} | ({"node": node} if node is not None else {})
         return self.request("POST", f"/api/clusters/{int(cluster_id)}/ssh-certificates/", body)
+
+    def nccl_test_start(self, cluster_id: int, *, confirm: bool) -> dict:
+        return self.request("POST", f"/api/clusters/{int(cluster_id)}/tests/", {"confirm": bool(confirm)})
+
+    def nccl_test(self, cluster_id: int, test_id: int) -> dict:
+        return self.request("GET", f"/api/clusters/{int(cluster_id)}/tests/{int(test_id)}/")
+
+
+def refusal_sentence(answer) -> str:
+    """The console's own sentence in a refusal: ``message`` (the console's refusals), ``detail`` (DRF's
+    and the NCCL test's), else the first message of a field (DRF's validation errors)."""
+    if not isinstance(answer, dict):
+        return ""
+    for name in ("message", "detail"):
+        if isinstance(answer.get(name), str) and answer[name]:
+            return answer[name]
+    for value in answer.values():
+        first = value[0] if isinstance(value, list) and value else value
+        if isinstance(first, str) and first:
+            return first
+    return ""
 
 
 # -- the user's key and the certificate beside it ---------------------------------------------------
@@ -201,23 +239,36 @@ def ssh_argv(node: dict, *, jump: str, key: Key, certificate: Path, options=(), 
 _exec = os.execvp  # replaced in tests
 
 
-def ssh(arguments: argparse.Namespace, console: Console) -> int:
-    """Sign a certificate for one node and log in to it with ssh, in this process's place."""
-    key = key_read(arguments.identity)
-    cluster = console.cluster_named(arguments.cluster)
-    node = arguments.node if arguments.node is not None else "node-0"
+@dataclass(frozen=True)
+class NodeCertificate:
+    answer: dict  # the console's answer: certificate, key_id, serial, valid_before, jump
+    node: dict  # the one node it opens, as the API describes it
+    path: Path  # where the certificate was saved
+
+
+def node_certificate(console: Console, cluster: dict, key: Key, node: str) -> NodeCertificate:
+    """Ask for a certificate for one node of ``cluster``, save it (0600) and say so on stderr."""
     answer = console.ssh_certificate(cluster["id"], public_key=key.public_line, node=node)
     nodes = answer.get("nodes") or []
     if len(nodes) != 1 or not isinstance(nodes[0], dict) or not answer.get("certificate"):
         raise ClientError("The console's answer holds no certificate for one node: is it a console of this version?")
     path = certificate_write(answer["certificate"], cluster=cluster["name"], serial=answer["serial"],
                              valid_before=answer["valid_before"])
-    argv = ssh_argv(nodes[0], jump=answer.get("jump") or "", key=key, certificate=path, command=arguments.command)
     print(f"Certificate {answer['key_id']} for {nodes[0].get('name')} ({nodes[0].get('machine')}), valid until "
           f"{answer['valid_before']}.", file=sys.stderr)
     if fingerprint := nodes[0].get("host_key_fingerprint"):
         # The user's known_hosts has never seen the machine: this is what ssh's question should show.
         print(f"Its host key, as the console trusts it: {fingerprint}", file=sys.stderr)
+    return NodeCertificate(answer=answer, node=nodes[0], path=path)
+
+
+def ssh(arguments: argparse.Namespace, console: Console) -> int:
+    """Sign a certificate for one node and log in to it with ssh, in this process's place."""
+    key = key_read(arguments.identity)
+    cluster = console.cluster_named(arguments.cluster)
+    signed = node_certificate(console, cluster, key, arguments.node if arguments.node is not None else "node-0")
+    argv = ssh_argv(signed.node, jump=signed.answer.get("jump") or "", key=key, certificate=signed.path,
+                    command=arguments.command)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -225,6 +276,172 @@ def ssh(arguments: argparse.Namespace, console: Console) -> int:
     except FileNotFoundError:
         raise ClientError("OpenSSH's ssh is not on PATH: install it (openssh-client), then try again.") from None
     return 0  # only when _exec returns (a test's stand-in)
+
+
+# -- faden clusters tunnel ----------------------------------------------------------------------------
+
+RAY_DASHBOARD_PORT = 8265  # Ray's dashboard and job API, on the head's loopback only (agent rayargs.DASHBOARD_PORT)
+RAY_CLIENT_PORT = 10001  # Ray Client (ray://), Ray's default; it listens on the head's loopback and cluster address
+STOP_GRACE_SECONDS = 5.0  # after Ctrl-C: how long ssh gets to end before it is killed
+_spawn = subprocess.Popen  # replaced in tests
+
+
+def tunnel_argv(node: dict, *, jump: str, key: Key, certificate: Path, local_port: int, client_port: int) -> list[str]:
+    """``ssh -N`` forwarding Ray's dashboard and job API, and Ray Client, from this computer's loopback
+    to the head's. Both ends are 127.0.0.1 written out: a GatewayPorts in the user's ssh config would
+    otherwise open the forwards to their whole network. ExitOnForwardFailure: a local port in use ends
+    ssh with its reason instead of a tunnel that forwards nothing."""
+    forwards = ["-L", f"127.0.0.1:{int(local_port)}:127.0.0.1:{RAY_DASHBOARD_PORT}",
+                "-L", f"127.0.0.1:{int(client_port)}:127.0.0.1:{RAY_CLIENT_PORT}"]
+    return ssh_argv(node, jump=jump, key=key, certificate=certificate,
+                    options=["-N", "-o", "ExitOnForwardFailure=yes", *forwards])
+
+
+def tunnel_instructions(cluster: str, node: dict, *, local_port: int, client_port: int) -> str:
+    """What to open and what to run on this computer while the tunnel is up."""
+    dashboard = f"http://127.0.0.1:{int(local_port)}"
+    return (f"Tunnel to {cluster}'s head, {node.get('name')} ({node.get('machine')}): Ctrl-C closes it.\n"
+            f"  Ray's dashboard:  {dashboard}\n"
+            f"  Submit a job:     ray job submit --address {dashboard} --working-dir . -- python train.py\n"
+            f"  Ray Client:       ray.init(\"ray://127.0.0.1:{int(client_port)}\")")
+
+
+def tunnel(arguments: argparse.Namespace, console: Console) -> int:
+    """Sign a certificate for the head and hold ``ssh -N -L ...`` open until Ctrl-C. The certificate is
+    saved 0600 in the private directory for ssh to read, and removed however this ends."""
+    key = key_read(arguments.identity)
+    cluster = console.cluster_named(arguments.cluster)
+    signed = node_certificate(console, cluster, key, "node-0")
+    try:
+        argv = tunnel_argv(signed.node, jump=signed.answer.get("jump") or "", key=key, certificate=signed.path,
+                           local_port=arguments.local_port, client_port=arguments.client_port)
+        print(tunnel_instructions(cluster["name"], signed.node, local_port=arguments.local_port,
+                                  client_port=arguments.client_port), flush=True)
+        status = ssh_until_interrupted(argv)
+    finally:
+        signed.path.unlink(missing_ok=True)
+    if status in (None, 0):
+        print("Tunnel closed.", file=sys.stderr)
+        return 0
+    raise ClientError(f"The tunnel closed: ssh exited with status {status} (its own words are above).")
+
+
+def ssh_until_interrupted(argv: list[str]) -> int | None:
+    """Run ssh as a child until it ends (its exit status) or Ctrl-C or SIGTERM ends this (None). A
+    child rather than an exec, so that this process is still there to remove the certificate."""
+    try:
+        child = _spawn(argv)
+    except FileNotFoundError:
+        raise ClientError("OpenSSH's ssh is not on PATH: install it (openssh-client), then try again.") from None
+    with _terminate_as_interrupt():
+        try:
+            return child.wait()
+        except KeyboardInterrupt:
+            pass
+    # Ctrl-C reached ssh too (the terminal signals the whole group); SIGTERM reached only this process.
+    child.terminate()
+    try:
+        child.wait(timeout=STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    return None
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (and SIGHUP: the terminal closed) end a wait as Ctrl-C does, so the cleanup runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = {number: signal.signal(number, interrupt) for number in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def tcp_port(text: str) -> int:
+    """argparse's type for a port on this computer."""
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return int(text)
+
+
+# -- faden clusters test ------------------------------------------------------------------------------
+
+POLL_SECONDS = 1.0
+_sleep = time.sleep  # replaced in tests
+_ask = input  # replaced in tests
+TABLE_HEADER = ("#       size        time   algbw   busbw\n"
+                "#        (B)        (us)  (GB/s)  (GB/s)")
+
+
+def size_line(row: dict) -> str:
+    """One size of the sweep, aligned as all_reduce_perf prints its columns."""
+    return (f"{int(row['size_bytes']):12d} {float(row['time_us']):11.1f} {float(row['algbw']):7.2f} "
+            f"{float(row['busbw']):7.2f}")
+
+
+def peak_line(peak: dict | None) -> str:
+    if not peak:
+        return ""
+    return f"Peak bus bandwidth: {float(peak['busbw']):.2f} GB/s at {int(peak['size_bytes'])} bytes."
+
+
+def nccl_test_start(console: Console, cluster: dict, *, yes: bool) -> dict:
+    """Start the test; when the console asks to confirm (409 with ``confirm: true``: copies are
+    serving), ask the person once, or take --yes as the answer."""
+    try:
+        return console.nccl_test_start(cluster["id"], confirm=yes)
+    except ClientError as refused:
+        if yes or refused.status != 409 or refused.answer.get("confirm") is not True:
+            raise
+        print(refused.said.replace(" Send confirm: true to run it anyway.", ""), file=sys.stderr)
+        if not sys.stdin.isatty():
+            raise ClientError("Not started: run it again with --yes to run it anyway.") from None
+        if _ask("Run it anyway? [y/N] ").strip().lower() not in ("y", "yes"):
+            raise ClientError("Not started.") from None
+        return console.nccl_test_start(cluster["id"], confirm=True)
+
+
+def nccl_test_follow(console: Console, cluster: dict, test: dict) -> dict:
+    """Print each size as the console records it, asking once a second, until the test ends; the
+    test as it ended."""
+    printed = 0
+    while True:
+        rows = test.get("rows") or []
+        for row in rows[printed:]:
+            print(size_line(row), flush=True)
+        printed = max(printed, len(rows))
+        if test.get("state") != "running":
+            return test
+        _sleep(POLL_SECONDS)
+        test = console.nccl_test(cluster["id"], test["id"])
+
+
+def nccl_test(arguments: argparse.Namespace, console: Console) -> int:
+    """``faden clusters test NAME``: start the NCCL test, print the sweep, then the peak and the
+    console's sentence; 1 when the test failed."""
+    cluster = console.cluster_named(arguments.cluster)
+    test = nccl_test_start(console, cluster, yes=arguments.yes)
+    print(f"NCCL test {test['id']} on {cluster['name']}: {test.get('nodes')} nodes, {test.get('gpus')} GPUs, "
+          f"{test.get('minbytes')} to {test.get('maxbytes')} bytes.", flush=True)
+    print(TABLE_HEADER, flush=True)
+    try:
+        ended = nccl_test_follow(console, cluster, test)
+    except KeyboardInterrupt:
+        print("\nStopped following: the test goes on, and the cluster's page shows it.", file=sys.stderr)
+        return 130
+    if line := peak_line(ended.get("peak")):
+        print(line)
+    print(f"{ended.get('state', '').capitalize()}: {ended.get('message') or 'no message'}")
+    return 1 if ended.get("state") == "failed" else 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -244,6 +461,25 @@ def parser() -> argparse.ArgumentParser:
     login.add_argument("-i", dest="identity", default=None, metavar="KEY",
                        help=f"your private key or its .pub ({DEFAULT_KEY} by default)")
     login.set_defaults(run=ssh)
+    clusters = commands.add_parser("clusters", help="a cluster's tunnel and NCCL test").add_subparsers(
+        dest="clusters_command", required=True)
+    forward = clusters.add_parser("tunnel", parents=[reach], help="forward Ray's dashboard, job API and Ray Client from the head",
+                                  description="Sign a certificate for your key and hold ssh -N -L to the head's Ray "
+                                              "dashboard and job API (8265) and Ray Client (10001) open until Ctrl-C.")
+    forward.add_argument("cluster", help="the cluster's name")
+    forward.add_argument("-i", "--key", dest="identity", default=None, metavar="KEY",
+                         help=f"your private key or its .pub ({DEFAULT_KEY} by default)")
+    forward.add_argument("--local-port", type=tcp_port, default=RAY_DASHBOARD_PORT,
+                         help=f"this computer's port for the dashboard and job API ({RAY_DASHBOARD_PORT})")
+    forward.add_argument("--client-port", type=tcp_port, default=RAY_CLIENT_PORT,
+                         help=f"this computer's port for Ray Client ({RAY_CLIENT_PORT})")
+    forward.set_defaults(run=tunnel)
+    sweep = clusters.add_parser("test", parents=[reach], help="run the NCCL test and print each size as it finishes",
+                                description="An all-reduce across every GPU of every node; prints the bus bandwidth "
+                                            "of each message size, then the peak.")
+    sweep.add_argument("cluster", help="the cluster's name")
+    sweep.add_argument("--yes", action="store_true", help="run it even while copies are serving on the cluster's GPUs")
+    sweep.set_defaults(run=nccl_test)
     return top
 
 
@@ -257,5 +493,6 @@ def main(argv: list[str], *, send: Send = urllib_send, environ=os.environ) -> in
         console = Console(arguments.url or environ.get(ENV_URL, ""), arguments.token or environ.get(ENV_TOKEN, ""), send=send)
         return arguments.run(arguments, console)
     except ClientError as failed:
-        print(f"faden {arguments.command_name}: {failed.message}", file=sys.stderr)
+        name = " ".join(filter(None, (arguments.command_name, getattr(arguments, "clusters_command", None))))
+        print(f"faden {name}: {failed.message}", file=sys.stderr)
         return failed.code

@@ -260,6 +260,16 @@ FADEN_RESTART_PAUSE = env_int("FADEN_RESTART_PAUSE", 30)  # before the second re
 FADEN_FAILED_RETRY = env_int("FADEN_FAILED_RETRY", 900)  # a Failed cluster is tried again this often
 FADEN_HEALTH_PARALLEL = env_int("FADEN_HEALTH_PARALLEL", 16)  # SSH sessions one check holds at once
 FADEN_PROBE_SECONDS = env_int("FADEN_PROBE_SECONDS", 3)  # the network test sends this long on each network
+# The NCCL test (issue 13): 1 MiB up to this size, doubling; stopped after this many seconds; each size
+# run warmup + iters times (nccl-tests' -w and -n). The suite sets a short sweep and a short limit.
+FADEN_NCCL_TEST_MAX_BYTES = env_int("FADEN_NCCL_TEST_MAX_BYTES", 1024 ** 3)
+FADEN_NCCL_TEST_LIMIT_SECONDS = env_int("FADEN_NCCL_TEST_LIMIT_SECONDS", 600)
+FADEN_NCCL_TEST_ITERS = env_int("FADEN_NCCL_TEST_ITERS", 20)
+FADEN_NCCL_TEST_WARMUP = env_int("FADEN_NCCL_TEST_WARMUP", 5)
+if FADEN_NCCL_TEST_MAX_BYTES < 1024 ** 2 or FADEN_NCCL_TEST_ITERS < 1 or FADEN_NCCL_TEST_WARMUP < 0 or FADEN_NCCL_TEST_LIMIT_SECONDS < 1:
+    raise ImproperlyConfigured("The NCCL test needs FADEN_NCCL_TEST_MAX_BYTES of at least 1 MiB (1048576), "
+                               "FADEN_NCCL_TEST_ITERS of at least 1, FADEN_NCCL_TEST_WARMUP of 0 or more and "
+                               "FADEN_NCCL_TEST_LIMIT_SECONDS of at least 1.")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -14,6 +14,7 @@ class DeploymentsConfig(AppConfig):
 
         hooks.delete_blocker_register("deployments", deployments_refusal)
         hooks.accelerators_held_register("copies", rooms.accelerators_held)
+        hooks.serving_copies_register("copies", serving_copies)
         hooks.health_question_register(copy_health.QUESTION, copy_health.copies_ask)
         hooks.health_extension_register("copies", copy_health.copies_checked)
         hooks.page_card_register("deployments", template="deployments/_cluster_models.html", context=cluster_models_card)
@@ -58,6 +59,14 @@ def deployments_refusal(cluster) -> str | None:
         return None
     return (f"{cluster.name} still has {count} deployment{'s' if count != 1 else ''}: "
             "delete them first, so that no model is left running on the machines.")
+
+
+def serving_copies(cluster) -> int:
+    """The copies serving on the cluster now: the NCCL test, which takes every GPU, asks before it slows them."""
+    from deployments.choices import CopyState
+    from deployments.models import Copy
+
+    return Copy.objects.filter(deployment__cluster=cluster, state=CopyState.SERVING).count()
 
 
 def cluster_models_card(cluster, role) -> dict:

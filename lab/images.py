@@ -2,11 +2,13 @@
 ``podman load`` read and the console imports.
 
 A build is three layers: a minimal Debian root file system made from Debian's packages by
-``mmdebstrap`` (with Python), Ray from PyPI (installed for that Python by pip, for the image's
-platform, without running anything inside it), and the lab's inference engine (``lab/stubs/vllm``,
-the stand-in for vLLM, at ``/usr/local/bin/vllm``). Each layer is cached by its inputs under the cache
-directory (``FADEN_LAB_CACHE``, default ``~/.cache/fadenstack-lab``), so a second build takes
-seconds. What the console needs to know of a build lives in the image's labels (``LABELS``).
+``mmdebstrap`` (with Python, and Open MPI's ``mpirun`` and an SSH client for the NCCL test), Ray from
+PyPI (installed for that Python by pip, for the image's platform, without running anything inside
+it), and the lab's programs: its inference engine (``lab/stubs/vllm``, the stand-in for vLLM, at
+``/usr/local/bin/vllm``) and its ``all_reduce_perf`` (``lab/stubs/all_reduce_perf``, the stand-in
+for nccl-tests', at ``/usr/local/bin/all_reduce_perf``: the real Open MPI launches it). Each layer is
+cached by its inputs under the cache directory (``FADEN_LAB_CACHE``, default
+``~/.cache/fadenstack-lab``), so a second build takes seconds. What the console needs to know of a build lives in the image's labels (``LABELS``).
 
 One build per NVIDIA platform the lab's machines have, none for AMD: the lab's AMD machine is the
 one with no certified runtime. The lab's aarch64 machine is this x86 host behind a stub ``uname``,
@@ -34,15 +36,17 @@ from . import archive
 from .util import LabError
 
 MIB = 1024 * 1024
-VERSION = "2.2.0"  # 2.2: the engine (vllm) in the image
+VERSION = "2.3.0"  # 2.2: the engine (vllm) in the image; 2.3: mpirun, ssh and all_reduce_perf (the NCCL test), ray[default]
 RECIPE = 1  # raise when the steps below change what a layer holds
 DEBIAN_SUITE = "bookworm"
-DEBIAN_PACKAGES = ("python3", "ca-certificates", "procps", "iproute2")
+DEBIAN_PACKAGES = ("python3", "ca-certificates", "procps", "iproute2", "openmpi-bin", "openssh-client")
 PYTHON = ("3.11", "cp311")  # bookworm's python3
 PIP_PLATFORM = {"x86_64": "manylinux2014_x86_64", "aarch64": "manylinux2014_aarch64"}
 RAY_DIR = "/opt/fadenstack/ray"
 ENGINE = Path(__file__).resolve().parent / "stubs" / "vllm"
 ENGINE_IN_IMAGE = "usr/local/bin/vllm"
+ALL_REDUCE = Path(__file__).resolve().parent / "stubs" / "all_reduce_perf"
+ALL_REDUCE_IN_IMAGE = "usr/local/bin/all_reduce_perf"
 LABEL = "org.fadenstack.runtime."
 RAY_WRAPPER = b"""#!/usr/bin/python3
 # Ray's command line, for the Ray installed in %s.
@@ -135,8 +139,8 @@ def ray_layer(arch: str, version: str) -> archive.Layer:
             target = tree / RAY_DIR.lstrip("/")
             _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--disable-pip-version-check",
                   "--target", str(target), "--platform", PIP_PLATFORM[arch], "--python-version", PYTHON[0],
-                  "--implementation", "cp", "--abi", PYTHON[1], "--only-binary=:all:", f"ray=={version}"],
-                 f"pip install ray=={version}")
+                  "--implementation", "cp", "--abi", PYTHON[1], "--only-binary=:all:", f"ray[default]=={version}"],
+                 f"pip install ray[default]=={version}")  # [default]: the dashboard and job API the tunnel reaches
             shutil.rmtree(target / "bin", ignore_errors=True)  # scripts for this host's Python, not the image's
             (tree / "usr/local/bin").mkdir(parents=True)
             (tree / "usr/local/bin/ray").write_bytes(RAY_WRAPPER)
@@ -145,15 +149,16 @@ def ray_layer(arch: str, version: str) -> archive.Layer:
             site.mkdir(parents=True)
             (site / "fadenstack-ray.pth").write_text(RAY_DIR + "\n")  # read even by `python3 -I`
             return archive.layer_from_dir(tree, out)
-    return _cached_layer(f"ray-{arch}", _key(arch, version, PYTHON, PIP_PLATFORM[arch]), make)
+    return _cached_layer(f"ray-{arch}", _key(arch, version, "default", PYTHON, PIP_PLATFORM[arch]), make)
 
 
 def engine_layer() -> archive.Layer:
-    """The lab's engine at /usr/local/bin/vllm: the same file the `process` driver runs on the lab
-    host (only the engine stands in for vLLM; the console's path to it is a real machine's)."""
-    data = ENGINE.read_bytes()
-    return _cached_layer("engine", _key(hashlib.sha256(data).hexdigest()),
-                         lambda path: archive.layer_from_files({ENGINE_IN_IMAGE: data}, path, mode=0o755))
+    """The lab's programs in /usr/local/bin: the engine (vllm: the same file the `process` driver runs on
+    the lab host; only the engine stands in for vLLM, the console's path to it is a real machine's) and
+    all_reduce_perf (nccl-tests' program, which the NCCL test runs under the image's mpirun)."""
+    files = {ENGINE_IN_IMAGE: ENGINE.read_bytes(), ALL_REDUCE_IN_IMAGE: ALL_REDUCE.read_bytes()}
+    key = _key(*(hashlib.sha256(data).hexdigest() for data in files.values()))
+    return _cached_layer("engine", key, lambda path: archive.layer_from_files(files, path, mode=0o755))
 
 
 def synthetic_layer(out_dir: Path, size_mib: int) -> archive.Layer:

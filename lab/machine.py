@@ -14,6 +14,8 @@ machine sees of the lab comes from there:
                                      driver running Ray from the lab's own environment; the
                                      engine's pace for every copy (``engine_env``)
     labetc/  -> /etc/fadenstack-lab   machine.json (the spec) and arch, for the stubs
+    shared/  -> /shared               the machine's own /shared: the head's files, or the mount point
+                                     of the head's (sshfs, mounted in this machine's mount namespace)
     containers/ -> /var/lib/containers  Podman's storage: this machine's images and containers
     tmp/     -> /tmp
     ssh/     sshd_config, host key, authorized_keys
@@ -53,7 +55,7 @@ IN_MACHINE = "/run/fadenstack-lab"  # where a machine sees its own directory
 SSHD = "/usr/sbin/sshd"
 # Mount points the machines bind over; made on the host when missing.
 HOST_MOUNT_POINTS = ("/opt/fadenstack", "/var/lib/fadenstack", "/etc/fadenstack",
-                     "/etc/fadenstack-lab", "/var/lib/containers")
+                     "/etc/fadenstack-lab", "/var/lib/containers", "/shared")
 
 # Podman as Debian's runs on these hosts (lab/README.md): runc (crun refuses the hybrid cgroup
 # layout), cgroupfs (no systemd), events in a file (no journald), and limits at or below the host's
@@ -82,13 +84,15 @@ def agent_config(machine: str, runtime: str, spec: LabSpec) -> dict:
     """The machine's /etc/fadenstack/agent.json. With Podman the agent uses the engine the console
     names (`--driver`), as on a real machine; with `process` the config names the driver, Ray from
     the environment the lab runs from (`.venv/bin/faden lab up`), which the machines see at the same path,
-    and the lab's engine (the stub `vllm`, which the runtime image carries as /usr/local/bin/vllm).
+    and the lab's engine (the stub `vllm`, which the runtime image carries as /usr/local/bin/vllm) and
+    all-reduce (the stub `all_reduce_perf`, the NCCL test's program, which mpirun starts on every node).
     ``engine_env`` reaches every copy's engine: the spec's `[engine]` pace."""
     config = {"machine_name": machine,
               "podman": {"gpus": "none"},  # the lab's nvidia-smi is a stand-in: no GPU to hand over
               "process": {"ray": os.path.join(sys.prefix, "bin", "ray"),
                           "python": os.path.join(sys.prefix, "bin", "python"),
-                          "vllm": str(STUB_DIR / "vllm")},
+                          "vllm": str(STUB_DIR / "vllm"),
+                          "all_reduce_perf": str(STUB_DIR / "all_reduce_perf")},
               "engine_env": spec.engine.environment()}
     if runtime == "process":
         config["runtime_driver"] = "process"
@@ -168,7 +172,7 @@ def prepare_files(state: LabState, spec: LabSpec, machine: MachineSpec,
                   authorized_key: str) -> None:
     """Write the machine's directory (everything but the host key and the disk mount)."""
     mdir = state.machine_dir(machine.name)
-    for sub in ("bin", "opt/autostart.d", "etc", "labetc", "ssh", "containers", store_dir(state, machine).name):
+    for sub in ("bin", "opt/autostart.d", "etc", "labetc", "ssh", "containers", "shared", store_dir(state, machine).name):
         (mdir / sub).mkdir(parents=True, exist_ok=True)
     (mdir / "tmp").mkdir(exist_ok=True)
     os.chmod(mdir / "tmp", 0o1777)
@@ -291,6 +295,7 @@ mount --bind {m}/opt /opt/fadenstack
 mount --bind {m}/{store} /var/lib/fadenstack
 mount --bind {m}/etc /etc/fadenstack
 mount --bind {m}/labetc /etc/fadenstack-lab
+mount --bind {m}/shared /shared
 {keep_env}{shadow}mount --bind {m}/tmp /tmp
 mount --bind {m}/home /root
 {restore_env}mount -t tmpfs -o mode=1777,size=2g fadenstack-lab-shm /dev/shm

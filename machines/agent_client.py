@@ -187,6 +187,57 @@ class NodeFilesChange:
     raw: dict = field(repr=False)
 
 
+@dataclass(frozen=True)
+class AllReduceResult:
+    """How the head's ``allreduce run`` ended: all_reduce_perf's exit status (under mpirun; 128 + the signal
+    when it was ended by one), whether the run's own timeout ended it, and the last lines it wrote on stderr
+    (mpirun's and the ranks' own words when it failed)."""
+
+    exit_status: int
+    timed_out: bool
+    stderr_tail: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SharedStatus:
+    """What ``/shared`` is on a machine (``shared status``) and which network file systems it can serve or
+    mount it with: ``can`` names ``nfs_export``, ``nfs_mount`` and ``sshfs``; ``cannot`` says why not."""
+
+    mounted: bool  # a network file system is mounted on /shared
+    method: str  # "nfs" or "sshfs" when it is one of those; "" otherwise
+    source: str  # what is mounted ("root@198.18.1.10:/shared"); "" when nothing is
+    alive: bool | None  # the mount answers; False: dead ("Transport endpoint is not connected"); None: no mount
+    role: str  # "head" or "node" as the agent last made it; "" when it made neither
+    can: dict[str, bool]
+    cannot: dict[str, str]
+    raw: dict = field(repr=False)
+
+
+@dataclass(frozen=True)
+class SharedChange:
+    """What ``shared export``, ``mount`` or ``unmount`` did on a machine."""
+
+    changed: bool  # False: it was so already (a live mount of the same source, nothing to unmount)
+    method: str  # the method exported or mounted ("" for an unmount of nothing)
+    remounted: bool  # a dead mount was unmounted and mounted again
+    kept: str  # the head keeps its files here ("/shared") after an unmount; "" elsewhere
+    warnings: tuple[str, ...]
+    raw: dict = field(repr=False)
+
+
+def _shared_status(raw: dict) -> SharedStatus:
+    return SharedStatus(mounted=bool(raw.get("mounted")), method=str(raw.get("method") or ""),
+                        source=str(raw.get("source") or ""), alive=raw.get("alive"), role=str(raw.get("role") or ""),
+                        can={str(k): bool(v) for k, v in (raw.get("can") or {}).items()},
+                        cannot={str(k): str(v) for k, v in (raw.get("cannot") or {}).items()}, raw=raw)
+
+
+def _shared_change(raw: dict) -> SharedChange:
+    changed = bool(raw.get("changed", raw.get("unmounted") or raw.get("unexported")))
+    return SharedChange(changed=changed, method=str(raw.get("method") or ""), remounted=bool(raw.get("remounted")),
+                        kept=str(raw.get("kept") or ""), warnings=tuple(str(w) for w in raw.get("warnings") or ()), raw=raw)
+
+
 def _node_files(raw: dict) -> NodeFilesChange:
     sshd = raw.get("sshd") or {}
     return NodeFilesChange(changed=bool(raw.get("changed")), paths=tuple(str(p) for p in raw.get("paths") or ()),
@@ -406,6 +457,43 @@ class Agent:
         """Take a machine's cluster files away again (it left the cluster, or the cluster is deleted), every
         file it shares with the machine byte for byte as it was; harmless when there are none."""
         return _node_files(self._call("node", "files", "remove", timeout=120))
+
+    # -- /shared: on the head, mounted on every other node over the cluster's network ---------------
+
+    def shared_status(self) -> SharedStatus:
+        """What /shared is on the machine, and whether it can export it with NFS, mount NFS, or mount sshfs."""
+        return _shared_status(self._call("shared", "status", timeout=30))
+
+    def shared_export(self, *, method: str, allow_from: str) -> SharedChange:
+        """Make the machine the head of /shared (1777, the hostfile copied in); with ``nfs`` exported to the
+        cluster's subnet ``allow_from`` only."""
+        return _shared_change(self._call("shared", "export", "--method", method, "--allow-from", allow_from, timeout=120))
+
+    def shared_mount(self, *, head: str, method: str) -> SharedChange:
+        """Mount the head's /shared on /shared (``head``: its address on the cluster's network); a live mount of
+        the same source changes nothing, a dead one is mounted again. A head that does not answer is unreachable."""
+        return _shared_change(self._call("shared", "mount", "--head", head, "--method", method, timeout=120))
+
+    def shared_unmount(self) -> SharedChange:
+        """Take /shared away as the agent made it: a node's mount goes, the head's export goes and its files stay."""
+        return _shared_change(self._call("shared", "unmount", timeout=120))
+
+    # -- the NCCL test: all_reduce_perf across the nodes, under mpirun in the head's runtime -----------
+
+    def allreduce_run(self, spec: Mapping, *, on_line: Callable[[str], None], abort: Abort | None = None,
+                      timeout: float) -> AllReduceResult:
+        """Run the NCCL test from the head (this agent's machine) across ``spec["nodes"]``; every line the run
+        prints goes to ``on_line`` as it is printed. ``abort`` (or the connection's ``timeout``) closes the
+        session, which ends the run on every node; the spec's own ``timeout`` ends it too, as a result with
+        ``timed_out``. Another run on this machine is refused (retryable, naming it)."""
+        def line_of(event: dict) -> None:
+            if isinstance(event.get("line"), str):
+                on_line(event["line"])
+
+        result = self._call("allreduce", "run", stdin=json.dumps(spec).encode(), timeout=timeout,
+                            on_progress=line_of, abort=abort)
+        return AllReduceResult(exit_status=int(result.get("exit_status", -1)), timed_out=bool(result.get("timed_out")),
+                               stderr_tail=tuple(str(line) for line in result.get("stderr_tail") or ()))
 
     # -- the network test -------------------------------------------------------------------------
 

@@ -12,14 +12,25 @@ start, ``copy_exited`` ({copy id or "*": last lines}) makes a copy's engine read
 A machine's host key is made up so that its fingerprint is the one tests.factories pins for its name (``host_key``
 gives another line); node files written stay on their machine (``FakeAgents.node_files``: the spec) until removed;
 ``node_files_error`` (``(kind, message)``) fails a write or a remove, ``node_files_warnings`` are the machine's sentences.
+/shared: ``shared_can`` / ``shared_cannot`` are what ``shared status`` says the machine can do (sshfs only by
+default); an export or a mount stays on its machine (``FakeAgents.shared``: ``{"role", "method", "head"}``) until
+unmounted, a mount of the same head and method again is ``already`` (changes nothing); ``shared_error``
+(``(kind, message)``) fails an export, a mount or an unmount.
+``allreduce_run`` replays a recorded all_reduce_perf output line by line (``allreduce``: ``{"fixture": a file of
+tests/fixtures/nccl, default a3mega-h100-2x8.txt, or "lines": [...], "exit_status", "timed_out", "stderr_tail"}``),
+asking ``abort`` before each line as the SSH session does (a reason ends it as unreachable);
+``FakeAgents.on_allreduce_line(index)`` is called after each; ``allreduce_error`` (``(kind, message)``) refuses the run.
 """
 from __future__ import annotations
 
 import base64
 from contextlib import contextmanager
+from pathlib import Path
 
 from machines import agent_client
 from machines.agent_client import AgentError, AgentErrorKind
+
+NCCL_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nccl"
 
 
 class FakeAgent:
@@ -158,6 +169,64 @@ class FakeAgent:
         self._fail("node_files_error")
         return self._node_files_change(changed=self._fakes.node_files.pop(self.machine.name, None) is not None)
 
+    def allreduce_run(self, spec, *, on_line, abort=None, timeout: float) -> agent_client.AllReduceResult:
+        """The recorded output, line by line (the fixture's own ``# Source:`` line is not the program's)."""
+        answer = self._answer("allreduce_run", spec=spec, timeout=timeout).get("allreduce") or {}
+        self._fail("allreduce_error")
+        lines = answer.get("lines")
+        if lines is None:
+            text = (NCCL_FIXTURES / answer.get("fixture", "a3mega-h100-2x8.txt")).read_text()
+            lines = [line for line in text.splitlines() if not line.startswith("# Source:")]
+        for index, line in enumerate(lines):
+            if abort and (reason := abort()):
+                raise AgentError(reason, kind=AgentErrorKind.UNREACHABLE)
+            on_line(line)
+            if self._fakes.on_allreduce_line:
+                self._fakes.on_allreduce_line(index)
+        return agent_client.AllReduceResult(exit_status=answer.get("exit_status", 0), timed_out=answer.get("timed_out", False),
+                                            stderr_tail=tuple(answer.get("stderr_tail", ())))
+
+    def shared_status(self) -> agent_client.SharedStatus:
+        answer = self._answer("shared_status")
+        can = {"nfs_export": False, "nfs_mount": False, "sshfs": True, **answer.get("shared_can", {})}
+        held = self._fakes.shared.get(self.machine.name) or {}
+        mounted = held.get("role") == "node"
+        return agent_client.SharedStatus(
+            mounted=mounted, method=held.get("method", "") if mounted else "", alive=True if mounted else None,
+            source=f"root@{held['head']}:/shared" if mounted else "", role=held.get("role", ""), can=can,
+            cannot={"nfs_export": "exportfs is not installed (apt-get install nfs-kernel-server)",
+                    **answer.get("shared_cannot", {})}, raw={})
+
+    def _shared_called(self, called: str, **kwargs) -> None:
+        # Recorded as _answer records, by hand: these calls have a ``method`` of their own.
+        self._fakes.calls.append((self.machine.name, called, kwargs))
+
+    def _shared_change(self, *, changed: bool, method: str = "", kept: str = "") -> agent_client.SharedChange:
+        return agent_client.SharedChange(changed=changed, method=method, remounted=False, kept=kept, warnings=(), raw={})
+
+    def shared_export(self, *, method: str, allow_from: str) -> agent_client.SharedChange:
+        self._shared_called("shared_export", method=method, allow_from=allow_from)
+        self._fail("shared_error")
+        held = {"role": "head", "method": method}
+        changed = self._fakes.shared.get(self.machine.name) != held
+        self._fakes.shared[self.machine.name] = held
+        return self._shared_change(changed=changed, method=method)
+
+    def shared_mount(self, *, head: str, method: str) -> agent_client.SharedChange:
+        self._shared_called("shared_mount", head=head, method=method)
+        self._fail("shared_error")
+        held = {"role": "node", "method": method, "head": head}
+        changed = self._fakes.shared.get(self.machine.name) != held
+        self._fakes.shared[self.machine.name] = held
+        return self._shared_change(changed=changed, method=method)
+
+    def shared_unmount(self) -> agent_client.SharedChange:
+        self._answer("shared_unmount")
+        self._fail("shared_error")
+        held = self._fakes.shared.pop(self.machine.name, None) or {}
+        return self._shared_change(changed=bool(held), method=held.get("method", ""),
+                                   kept="/shared" if held.get("role") == "head" else "")
+
     def __getattr__(self, method: str):
         # Commands that only act (start, stop, join, ...) succeed and are recorded.
         return lambda *args, **kwargs: self._answer(method, **kwargs) and None
@@ -170,8 +239,10 @@ class FakeAgents:
         self.models: dict[str, dict] = {}  # machine name -> {(repo, revision): PlacedModel}
         self.copies: dict[str, dict] = {}  # machine name -> {copy id: {"pid", "port", "argv", "env"}}
         self.node_files: dict[str, dict] = {}  # machine name -> the spec its node files were last written with
+        self.shared: dict[str, dict] = {}  # machine name -> what /shared is there: {"role", "method", "head"}
         self.pids = 1000
         self.on_ray_status = None  # called whenever Ray's node list is asked for (to look at the database then)
+        self.on_allreduce_line = None  # called after each line an NCCL test replays, with its index
 
     @contextmanager
     def open(self, machine):

@@ -16,7 +16,7 @@ from .protocol import RETRYABLE, AgentError, Emitter
 
 # Importing a module declares its commands (``cli.command``), in this order.
 COMMAND_MODULE_NAMES = ("facts", "heartbeat", "beat", "machine", "blob", "image", "blobserve", "models", "probe",
-                        "runtime", "ray", "copies", "nodefiles")
+                        "runtime", "ray", "copies", "nodefiles", "shared", "allreduce")
 # A command's first word -> the modules that declare commands under it. Only those are imported: a
 # command is run over SSH for every look at a machine, and importing all of them (HTTP, TLS, threads
 # and their standard modules) costs more CPU than most commands do. Any other word loads them all
@@ -25,6 +25,7 @@ MODULES_OF = {
     "facts": ("facts",), "heartbeat": ("heartbeat", "beat"), "version": ("machine",), "uninstall": ("machine",),
     "blob": ("blob", "blobserve"), "image": ("image", "blobserve"), "model": ("models",), "hub": ("models",),
     "probe": ("probe",), "runtime": ("runtime",), "ray": ("ray",), "copy": ("copies",), "node": ("nodefiles",),
+    "shared": ("shared",), "allreduce": ("allreduce",),
 }
 
 

@@ -90,7 +90,10 @@ def node_argv(ray_executable: str, ray: dict, address: str, temp: str, port, ext
               "--object-store-memory=%d" % OBJECT_STORE_MEMORY, "--temp-dir=%s" % temp,
               "--disable-usage-stats"] + list(extra) + ["--log-style=record", "--log-color=false"]
     if ray["head"] is None:
+        # Ray with its dashboard's packages starts a dashboard process even without the dashboard, on 8265
+        # unless told otherwise: the cluster's head has that port on the same machine.
         return [ray_executable, "start", "--block", "--head", "--port=%d" % port, "--include-dashboard=false",
+                "--dashboard-port=%d" % free_port(address),
                 "--ray-client-server-port=%d" % free_port(address)] + common
     return [ray_executable, "start", "--block", "--address=%s" % ray["head"]] + common
 

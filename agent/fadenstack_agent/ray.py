@@ -5,7 +5,7 @@ timeouts) and reads what they print.
 
 - ``ray start-head --address ADDR [--port 6379] --num-gpus N [--resources JSON]``
   runs ``ray start --head --node-ip-address=ADDR --port=P --num-gpus=N
-  [--resources=JSON] --object-store-memory=100000000 --include-dashboard=false
+  [--resources=JSON] --object-store-memory=100000000 --include-dashboard=true --dashboard-host=127.0.0.1 --dashboard-port=8265
   --temp-dir=<store>/ray --disable-usage-stats`` plus the driver's arguments
   (``--num-cpus=1`` for ``process``) and ``--log-style=record
   --log-color=false``.  Before that, a bind attempt on ADDR:P (and on the

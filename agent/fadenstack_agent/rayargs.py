@@ -9,6 +9,11 @@ import os
 from .protocol import BAD_INPUT, NOT_RETRYABLE, AgentError
 
 DEFAULT_PORT = 6379
+# Ray's dashboard and job API (``ray job submit --address http://127.0.0.1:8265``) on the head's
+# loopback only: a person reaches it through ``faden clusters tunnel`` (SSH to the head), never from
+# the network.  Ray's own default host is localhost too; it is given here so no Ray default changes it.
+DASHBOARD_HOST = "127.0.0.1"
+DASHBOARD_PORT = 8265
 OBJECT_STORE_MEMORY = 100000000
 START_TIMEOUT = 90.0        # one `ray start` (Ray gives up on a dead GCS after ~40 s)
 ALIVE_WAIT = 60.0           # after `ray start`: until Ray reports the node alive
@@ -193,13 +198,22 @@ def common_start_args(driver, temp: str, num_gpus: int, resources: dict) -> list
             + ["--log-style=record", "--log-color=false"])
 
 
+def dashboard_args() -> list:
+    """The head's dashboard, asked for outright: a Ray without ``ray[default]``'s packages then fails
+    its start with "Cannot include dashboard with missing packages" instead of starting without the
+    dashboard the tunnel reaches.  No Ray Client flag: Ray starts its client server on 10001 by
+    itself when ``ray[client]`` is there, refuses ``--ray-client-server-port`` when it is not, and has
+    no flag for its host (it listens on the node's address, the cluster network)."""
+    return ["--include-dashboard=true", "--dashboard-host=%s" % DASHBOARD_HOST, "--dashboard-port=%d" % DASHBOARD_PORT]
+
+
 def head_start_argv(driver, address: str, port: int, num_gpus: int, resources: dict, temp: str) -> list:
     return driver.ray_argv("start", "--head", "--node-ip-address=%s" % address, "--port=%d" % port,
-                           "--include-dashboard=false", *common_start_args(driver, temp, num_gpus, resources))
+                           *dashboard_args(), *common_start_args(driver, temp, num_gpus, resources))
 
 
 def join_argv(driver, head: str, address: str, num_gpus: int, resources: dict, temp: str) -> list:
-    # --include-dashboard and --port are head-only flags: `ray start` refuses them here.
+    # --include-dashboard, --dashboard-* and --port are head-only flags: `ray start` refuses them here.
     return driver.ray_argv("start", "--address=%s" % head, "--node-ip-address=%s" % address,
                            *common_start_args(driver, temp, num_gpus, resources))
 
@@ -276,9 +290,26 @@ def port_taken_in_logs(*texts) -> bool:
     return False
 
 
+# Ray's words for a failure whose cause they do not name, and what it means here.
+KNOWN_FAILURES = (
+    ("Cannot include dashboard with missing packages",
+     "the runtime's Ray has no dashboard packages (it is ray, not ray[default]), and the head's Ray "
+     "starts with its dashboard: the runtime image needs ray[default]"),
+)
+
+
 def summarize_failure(text: str, limit: int = 800) -> str:
     """The gist of a failed ``ray start``: the exception line and what follows
-    it, else the last non-empty line (tracebacks and log noise left out)."""
+    it, else the last non-empty line (tracebacks and log noise left out); a
+    failure of ``KNOWN_FAILURES`` says what it means before Ray's words."""
+    gist = _gist(text, limit)
+    for words, meaning in KNOWN_FAILURES:
+        if words in (text or ""):
+            return ("%s; Ray: %s" % (meaning, gist))[:limit]
+    return gist
+
+
+def _gist(text: str, limit: int) -> str:
     lines = [line.rstrip() for line in (text or "").splitlines()]
     for index in range(len(lines) - 1, -1, -1):
         line = lines[index]

@@ -11,40 +11,22 @@ worker died runs these steps again from the start.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from clusters import steps
 from clusters.choices import MemberState, Role
 from clusters.connection import NotConnectable
-from clusters.fanout import each
+from clusters.fanout import Outcome, on_every_agent
 from clusters.models import Cluster, ClusterMember
 from clusters.node_files import NodeFilesError, node_files_specs
 from clusters.selectors import cluster_members
 from console.jobs import JobContext, JobError
-from machines.agent_client import Agent, AgentError, AgentErrorKind, NodeFilesChange
+from machines.agent_client import AgentErrorKind, NodeFilesChange
 from machines.choices import MachineState
 from machines.models import Machine
 from machines.versions import agent_outdated
 
 NODE_FILES_AGENT = "0.7.0"  # the first agent with node files write|remove
-
-Outcome = tuple[object, AgentError | None]  # the agent's answer, or why there is none
-
-
-def _on_every(machines: Sequence[Machine], call: Callable[[Agent], object]) -> dict[int, Outcome]:
-    """``call`` with each machine's agent, all at once; what each answered or raised, by machine id."""
-    outcomes: dict[int, Outcome] = {}
-
-    def one(machine: Machine) -> None:
-        try:
-            with Agent.open(machine) as agent:
-                outcomes[machine.pk] = (call(agent), None)
-        except AgentError as exc:
-            outcomes[machine.pk] = (None, exc)
-
-    each(machines, one)
-    return outcomes
-
 
 def _plural(names: list[str], one: str, many: str) -> str:
     return one if len(names) == 1 else many
@@ -93,7 +75,7 @@ def node_settings_write(ctx: JobContext, cluster: Cluster) -> None:
     if old:
         ctx.log(_outdated_sentence(old))
     # An older agent cannot write, but its machine's host key still goes into the others' known_hosts.
-    keys = _on_every([m.machine for m in up], lambda agent: agent.host_key())
+    keys = on_every_agent([m.machine for m in up], lambda agent: agent.host_key())
     answered = _sort_out(up, keys, ctx)
     try:
         specs = node_files_specs(cluster, host_keys={m.machine.name: keys[m.machine_id][0] for m in answered})
@@ -101,7 +83,7 @@ def node_settings_write(ctx: JobContext, cluster: Cluster) -> None:
         raise JobError(str(exc), kind="not_retryable") from None
     writable = [m for m in answered if m not in old]
     ctx.detail(f"Writing on {len(writable)} of {len(members)} machine(s)")
-    written = _on_every([m.machine for m in writable], lambda agent: agent.node_files_write(specs[agent.machine.name]))
+    written = on_every_agent([m.machine for m in writable], lambda agent: agent.node_files_write(specs[agent.machine.name]))
     done = _sort_out(writable, written, ctx)
     for member in done:
         change: NodeFilesChange = written[member.machine_id][0]
@@ -122,7 +104,7 @@ def node_settings_remove(ctx: JobContext, *, cluster: str, machines: Sequence[Ma
     steps.REMOVE_SETTINGS.always(ctx, ", ".join(m.name for m in machines))
     had = [m for m in machines if m.agent_path and not agent_outdated(m.agent_version, NODE_FILES_AGENT)]
     reachable = [m for m in had if m.state != MachineState.OFFLINE]
-    outcomes = _on_every(reachable, lambda agent: agent.node_files_remove())
+    outcomes = on_every_agent(reachable, lambda agent: agent.node_files_remove())
     left: list[str] = []
     kept: list[str] = []
     for machine in had:

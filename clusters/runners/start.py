@@ -17,6 +17,7 @@ from clusters.fanout import ProgressBoard, offline_reason, on_member, parallel
 from clusters.lifecycle import cluster_changed, cluster_transition, member_transition, members_transition
 from clusters.models import Cluster, ClusterMember
 from clusters.runners.nodes import node_settings_write
+from clusters.runners.shared import shared_files_share
 from clusters.selectors import cluster_members
 from clusters.transfer import distribute
 from console.jobs import JobCancelled, JobContext, JobError
@@ -84,6 +85,7 @@ def _start(ctx: JobContext, cluster: Cluster, *, restart: bool) -> None:
     joined = _check_with_ray(cluster, head, members, seen)
     ctx.detail(f"{len(joined)} of {len(members)} machines up, {sum(m.accelerators_in_ray for m in joined)} accelerators")
     node_settings_write(ctx, cluster)
+    shared_files_share(ctx, cluster)
     # Running is written with the job's end, so that the moment the page reads Running nothing is busy.
     ctx.on_success(lambda: _running(cluster, reason=_left_out(members, joined)))
 
@@ -152,6 +154,7 @@ def cluster_add_run(ctx: JobContext, *, cluster_id: int) -> None:
         raise
     ctx.detail(f"{len(joined)} of {len(wanted)} machine(s) joined")
     node_settings_write(ctx, cluster)  # every member: the new ones are in every node's hostfile and hosts now
+    shared_files_share(ctx, cluster, keep_method=True)
     if len(joined) < len(wanted):
         reasons = ClusterMember.objects.filter(pk__in=wanted, state=MemberState.FAILED).values_list("machine__name", "state_reason")
         raise JobError(" ".join(f"{name}: {reason}" if not reason.startswith(name) else reason for name, reason in reasons)
@@ -184,6 +187,7 @@ def cluster_rejoin_run(ctx: JobContext, *, cluster_id: int) -> None:
         cluster_transition(cluster=cluster, to=cluster.state, reason=reason)
     ctx.detail(f"{len(joined)} of {len(wanted)} machine(s) joined again")
     node_settings_write(ctx, cluster)
+    shared_files_share(ctx, cluster, keep_method=True)
     if left:
         raise JobError(reason)
 

@@ -17,6 +17,7 @@ from clusters.fanout import each
 from clusters.lifecycle import cluster_transition, member_transition
 from clusters.models import Cluster, ClusterMember
 from clusters.runners.nodes import node_settings_remove
+from clusters.runners.shared import shared_files_unmount
 from clusters.selectors import cluster_members
 from console.choices import JOB_ACTIVE
 from console.jobs import JobContext, JobError
@@ -94,6 +95,7 @@ def cluster_delete_run(ctx: JobContext, *, cluster_id: int) -> None:
                 cluster.refresh_from_db()
                 message = services.cluster_stop_unconfirmed(cluster=cluster, failures=failures)
             raise JobError(message)
+    shared_files_unmount(ctx, cluster)  # before the settings: sshfs logs in with the cluster's own key
     node_settings_remove(ctx, cluster=cluster.name, machines=[m.machine for m in cluster_members(cluster, status=False)])
     steps.DELETE_RECORD.always(ctx)
     with transaction.atomic():

@@ -61,9 +61,9 @@ def test_a_node_s_command_picks_the_ports_the_cluster_s_own_ray_would_hold_and_a
         copyray.temp_dir(short_dir + "/" + "x" * 60, "d7-c3-ray")
     head = copyray.node_argv("ray", {"head": None, "gpus": 2}, "127.0.0.1", temp, 41234, ["--num-cpus=1"])
     assert head[:6] == ["ray", "start", "--block", "--head", "--port=41234", "--include-dashboard=false"]
-    for flag in ("--ray-client-server-port=", "--dashboard-agent-listen-port="):
+    for flag in ("--ray-client-server-port=", "--dashboard-agent-listen-port=", "--dashboard-port="):
         (given,) = [word for word in head if word.startswith(flag)]
-        assert int(given.split("=")[1]) not in (10001, 52365)      # Ray's fixed defaults: the cluster's Ray has them
+        assert int(given.split("=")[1]) not in (10001, 52365, 8265)  # Ray's fixed defaults: the cluster's Ray has them
     assert "--num-gpus=2" in head and "--temp-dir=%s" % temp in head and "--num-cpus=1" in head
     node = copyray.node_argv("ray", {"head": "127.0.0.1:41234", "gpus": 1}, "127.0.0.1", temp, None, [])
     assert node[:4] == ["ray", "start", "--block", "--address=127.0.0.1:41234"] and "--head" not in node

@@ -92,6 +92,11 @@ CONSOLE_CALLS = [
     ["copy", "list"],
     ["node", "files", "write"],
     ["node", "files", "remove"],
+    ["shared", "status"],
+    ["shared", "export", "--method", "sshfs", "--allow-from", "198.18.1.0/24"],
+    ["shared", "mount", "--head", "198.18.1.11", "--method", "nfs"],
+    ["shared", "unmount"],
+    ["allreduce", "run"],
 ]
 
 

@@ -60,7 +60,8 @@ def test_head_argv_is_the_designs_ray_start_plus_the_drivers_arguments():
     argv = rayargs.head_start_argv(driver(), "198.18.1.11", 6379, 8, {"h100": 8}, "/var/lib/fadenstack/ray")
     assert argv == [
         "/venv/bin/ray", "start", "--head", "--node-ip-address=198.18.1.11", "--port=6379",
-        "--include-dashboard=false", "--num-gpus=8", '--resources={"h100":8}',
+        "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--dashboard-port=8265",
+        "--num-gpus=8", '--resources={"h100":8}',
         "--object-store-memory=100000000", "--temp-dir=/var/lib/fadenstack/ray", "--disable-usage-stats",
         "--num-cpus=1", "--log-style=record", "--log-color=false"]
 
@@ -71,7 +72,16 @@ def test_join_argv_has_no_head_only_flags_and_no_resources_when_none_given():
     assert argv[:4] == ["/venv/bin/ray", "start", "--address=198.18.1.11:6379",
                         "--node-ip-address=198.18.1.12"]
     assert "--num-gpus=4" in argv and "--num-cpus=2" in argv
-    assert not [a for a in argv if a.startswith(("--head", "--port", "--include-dashboard", "--resources"))]
+    assert not [a for a in argv if a.startswith(("--head", "--port", "--include-dashboard", "--dashboard", "--resources"))]
+
+
+def test_the_heads_dashboard_is_asked_for_on_loopback_only_and_no_ray_client_flag_is_given():
+    argv = rayargs.head_start_argv(driver(), "198.18.1.11", 6379, 0, {}, "/var/lib/fadenstack/ray")
+    dashboard = [a for a in argv if a.startswith(("--include-dashboard", "--dashboard-"))]
+    # Asked for outright: a Ray without ray[default] fails its start instead of running without it.
+    assert dashboard == ["--include-dashboard=true", "--dashboard-host=127.0.0.1", "--dashboard-port=8265"]
+    # A plain ray refuses --ray-client-server-port ("Ray Client requires pip package ray[client]").
+    assert not [a for a in argv if a.startswith("--ray-client")]
 
 
 def test_status_argv_runs_the_script_isolated_with_its_arguments():
@@ -243,6 +253,24 @@ def test_failure_summary_is_the_exception_and_what_follows():
     assert rayargs.summarize_failure(START_OUT).startswith("RuntimeError: Failed to start GCS.")
     assert rayargs.summarize_failure("one\ntwo\n\n") == "two"
     assert rayargs.summarize_failure("") == "no output"
+
+
+# The end of `ray start --head --include-dashboard=true` by Ray 2.60.0 without ray[default] (the lab's image).
+NO_DASHBOARD_OUT = """\
+2026-12-03 14:12:16,934\tERROR services.py:1327 -- Ray dashboard dependencies failed to install properly: No module named 'aiohttp'.
+Potential causes include:
+1. --include-dashboard is not supported when minimal ray is used. Download ray[default] to use the dashboard.
+Traceback (most recent call last):
+  File "/opt/fadenstack/ray/ray/_private/services.py", line 1335, in start_api_server
+    raise Exception("Cannot include dashboard with missing packages.")
+Exception: Cannot include dashboard with missing packages.
+"""
+
+
+def test_a_ray_without_the_dashboards_packages_is_named_as_such_with_rays_own_words():
+    said = rayargs.summarize_failure(NO_DASHBOARD_OUT)
+    assert said.startswith("the runtime's Ray has no dashboard packages (it is ray, not ray[default])")
+    assert said.endswith("; Ray: Exception: Cannot include dashboard with missing packages.")
 
 
 # ---------------------------------------------------------------- processes

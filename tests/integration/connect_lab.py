@@ -153,3 +153,93 @@ def check_node_to_node(cluster, nodes: list[connection.Node], *, home: Path) -> 
     said = sorted(on(head, launch, timeout=90).splitlines())
     everyone = str(list(range(len(nodes))))
     assert said == sorted(f"{n.rank} {everyone}" for n in nodes)
+
+
+def job_log(test: dict) -> str:
+    from console.models import Job
+
+    return Job.objects.get(pk=test["job"]).log
+
+
+def nccl_test_run(api_client, cluster) -> dict:
+    """Start the NCCL test over the API and read it back (the suite's jobs run inline: it has ended)."""
+    started = api_client.post(f"/api/clusters/{cluster.pk}/tests/", {"confirm": False}, format="json")
+    assert started.status_code == 201, started.content
+    test = api_client.get(f"/api/clusters/{cluster.pk}/tests/{started.json()['id']}/").json()
+    assert api_client.get(f"/api/clusters/{cluster.pk}/").json()["last_test"]["id"] == test["id"]
+    return test
+
+
+def check_nccl_test_on_the_link(test: dict, *, rate_mbit: int, max_bytes: int) -> dict:
+    """The test as the API gives it: every size from 1 MiB to ``max_bytes``, doubling, its peak bus
+    bandwidth at least 80 % of what each machine's shaped link carries (the all-reduce really went over
+    the cluster network) and no faster than it."""
+    assert test["state"] == "finished", test["message"]
+    sizes = [row["size_bytes"] for row in test["rows"]]
+    assert sizes[0] == 2**20 and sizes[-1] == max_bytes and all(b == 2 * a for a, b in zip(sizes, sizes[1:]))
+    link_gb_s = rate_mbit * 1e6 / 8 / 1e9
+    assert test["peak"]["busbw"] >= 0.8 * link_gb_s, (test["peak"], link_gb_s)
+    assert test["peak"]["busbw"] <= 1.05 * link_gb_s, "faster than the link: the bytes did not all cross it"
+    return test
+
+
+def check_nccl_test_stops_on_a_slow_link(api_client, cluster, names: tuple[str, str]) -> dict:
+    """On the 40 Mbit/s network the rest would take past the limit: stopped after 5 sizes, and says so."""
+    test = nccl_test_run(api_client, cluster)
+    assert test["state"] == "stopped" and len(test["rows"]) == 5, (test["state"], test["message"], test["rows"], job_log(test))
+    assert test["message"].startswith(f"stopped after 5 sizes: the link between {names[0]} and {names[1]} would take"), test["message"]
+    return test
+
+
+def check_ray_job_through_the_tunnel(cluster, *, console_url: str, token: str, home: Path, port: int = 18265) -> str:
+    """``faden clusters tunnel NAME`` forwards the head's Ray dashboard and job API (on its loopback only)
+    to this computer with a fresh certificate; ``ray job submit`` through it runs a job on the cluster and
+    its result comes back; Ctrl-C ends the tunnel and its certificate goes."""
+    known_host(home, Machine.objects.get(name=connection.nodes_of(cluster)[0].machine))  # the person said yes to the head too
+    env = {**os.environ, "HOME": str(home), "PATH": f"{home / 'bin'}:{os.environ['PATH']}", "FADEN_URL": console_url,
+           "FADEN_TOKEN": token, "XDG_RUNTIME_DIR": str(home / "run")}
+    (home / "run").mkdir(mode=0o700, exist_ok=True)
+    tunnel = subprocess.Popen([str(FADEN), "clusters", "tunnel", cluster.name, "--local-port", str(port),
+                               "--client-port", str(port + 1)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            probe = subprocess.run(["curl", "-sf", f"http://127.0.0.1:{port}/api/version"], capture_output=True, text=True)
+            if probe.returncode == 0:
+                break
+            if tunnel.poll() is not None:
+                raise AssertionError(f"the tunnel ended ({tunnel.returncode}): {tunnel.stdout.read()}")
+            assert time.monotonic() < deadline, f"no answer through the tunnel: {probe.stderr}"
+            time.sleep(0.5)
+        ray = Path(sys.executable).with_name("ray")
+        job = subprocess.run([str(ray), "job", "submit", "--address", f"http://127.0.0.1:{port}", "--",
+                              "python3", "-c", "import socket; print('answer', 6 * 7, 'from', socket.gethostname())"],
+                             env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}, capture_output=True, text=True, timeout=120)
+        assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
+        assert "answer 42 from" in job.stdout, job.stdout[-2000:]
+    finally:
+        tunnel.send_signal(2)
+        said = tunnel.communicate(timeout=30)[0]
+    assert not list((home / "run").rglob("*-cert.pub")), "the tunnel's certificate outlived it"
+    return said
+
+
+def check_shared_files(cluster, nodes: list[connection.Node]) -> None:
+    """``/shared`` is the head's, mounted on every other node over the cluster network: a file written
+    on the last node is read on every node, one the head writes is read on the last, and the hostfile is
+    there too; the card says which file system carries it."""
+    last = Machine.objects.get(name=nodes[-1].machine)
+    head = Machine.objects.get(name=nodes[0].machine)
+    stamp = f"{cluster.name}-{time.time_ns()}"
+    on(last, f"echo from-{nodes[-1].name} > /shared/{stamp}-a")
+    on(head, f"echo from-{nodes[0].name} > /shared/{stamp}-b")
+    for node in nodes:
+        machine = Machine.objects.get(name=node.machine)
+        seen = on(machine, f"cat /shared/{stamp}-a /shared/{stamp}-b; echo ---; cat /shared/hostfile")
+        files, hostfile = seen.split("---\n", 1)
+        assert files.split() == [f"from-{nodes[-1].name}", f"from-{nodes[0].name}"], node.machine
+        assert hostfile == connection.hostfile(nodes), node.machine
+    mounted = on(last, "findmnt -n -o FSTYPE,SOURCE /shared").splitlines()[-1].split()  # the top one (the lab binds below it)
+    assert mounted[0] in ("fuse.sshfs", "nfs", "nfs4") and mounted[1].endswith(f"{nodes[0].address}:/shared"), mounted
+    cluster.refresh_from_db()
+    assert cluster.shared_files["method"] in ("sshfs", "nfs"), cluster.shared_files

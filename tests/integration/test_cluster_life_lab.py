@@ -12,24 +12,30 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from clusters import services
+from clusters import nccl_tests, services
 from clusters.choices import CheckOutcome, ClusterState, MemberState
-from clusters.models import Cluster, HealthCheck
+from clusters.models import Cluster, HealthCheck, NcclTest, NcclTestState
+from clusters.nccl_api import NcclTestSerializer
+from console import roles
 from console.models import Job
 from machines.choices import MachineState
 from machines.models import Machine
 from tests.harness import (FABRIC, INTERVALS, all_up, cluster_in, enrol, images_import, leave_nothing_running, ray_runs_on,
                            running, wait_for)
+from tests.factories import UserFactory
+from tests.integration import connect_lab
 from tests.processes import console_processes
 
 pytestmark = [pytest.mark.lab]
 
 NAME = "life"
+FABRIC_MBIT = 400  # lab/specs/default.toml: each machine's link on the fabric, shaped both ways
+NCCL_SWEEP = {"FADEN_NCCL_TEST_MAX_BYTES": str(16 * 2**20), "FADEN_NCCL_TEST_ITERS": "2", "FADEN_NCCL_TEST_WARMUP": "1"}
 
 
 @pytest.fixture(scope="module")
 def console(lab, module_db):
-    with console_processes(beat=True, env=INTERVALS, enqueue=True) as processes:
+    with console_processes(beat=True, env={**INTERVALS, **NCCL_SWEEP}, enqueue=True) as processes:
         yield processes
 
 
@@ -110,6 +116,20 @@ def test_the_worker_killed_in_the_middle_of_a_start_is_replaced_and_the_start_st
         assert lab.ssh(address, "podman ps --format '{{.Names}}'").stdout.split() == [f"fadenstack-{NAME}"]
     for member in cluster.members.all():  # the image crossed the network once, not once per run
         assert member.image_transfer.bytes_fetched <= member.runtime_image.size_bytes + member.runtime_image.chunk_size
+
+
+def test_the_nccl_test_runs_in_the_runtime_containers_over_the_fabric_at_its_rate(lab, life):
+    """mpirun in lab-a's container, the other rank in lab-b's over the cluster's own SSH: every size, its
+    peak near the fabric's rate, and nothing of the run left on either machine."""
+    operator = UserFactory(username="nccl-ann", role=roles.OPERATOR)
+    started = nccl_tests.nccl_test_start(cluster=life, user=operator)
+
+    ended = wait_for(lambda: NcclTest.objects.filter(pk=started.pk).exclude(state=NcclTestState.RUNNING).first(),
+                     timeout=120, what="the NCCL test to end")
+    connect_lab.check_nccl_test_on_the_link(NcclTestSerializer(ended).data, rate_mbit=FABRIC_MBIT, max_bytes=16 * 2**20)
+    for address in ("198.18.0.11", "198.18.0.12"):
+        left = lab.ssh(address, "pgrep -af 'all_reduce_perf|orted|mpirun' || true").stdout
+        assert not left.strip(), f"{address}: {left}"
 
 
 def test_ray_killed_on_a_worker_is_joined_again_while_the_head_keeps_running(lab, life, machines):

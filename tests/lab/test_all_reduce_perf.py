@@ -202,3 +202,69 @@ def test_each_link_between_nodes_carries_what_the_ring_of_all_ranks_carries_on_t
         assert sum(b - a for a, b, *_ in plan.incoming) == 2 * (nranks - 1) * chunk
         # the node adds its data to every chunk that did not begin on it: the other nodes' ranks' chunks
         assert sum(b - a for a, b, add in plan.incoming if add) == (nranks - own) * chunk
+
+
+# ------------------------------------------------------------------ under mpirun: nccl-tests' own flags only
+
+
+def mpirun_env(rank, size, hostfile, port, **more):
+    """What Open MPI's mpirun gives each of its processes (the rank and the size), and the lab's hostfile and port."""
+    env = {k: v for k, v in os.environ.items() if k != "FADEN_ALLREDUCE_NODES"}
+    return dict(env, OMPI_COMM_WORLD_RANK=str(rank), OMPI_COMM_WORLD_SIZE=str(size),
+                FADEN_LAB_HOSTFILE=str(hostfile), FADEN_LAB_ALL_REDUCE_PORT=str(port), **more)
+
+
+def test_started_as_mpirun_starts_it_the_rank_comes_from_open_mpi_and_the_nodes_from_the_hostfile(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("127.0.0.2 slots=8\n127.0.0.3 slots=8\n")  # the cluster's: slots are GPUs, one process a node
+    port = free_port("127.0.0.2")
+    flags = ["-b", "1M", "-e", "2M", "-f", "2", "-g", "2", "-n", "1", "-w", "0", "-c", "1"]  # as nccl-tests takes them
+    started = [subprocess.Popen(command(*flags), env=mpirun_env(rank, 2, hostfile, port), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE) for rank in range(2)]
+    try:
+        (rc0, out0, err0), (rc1, out1, err1) = finish(started)
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+    assert (rc0, err0, rc1, out1, err1) == (0, "", 0, "", "")
+    ranks = re.findall(r"^#  Rank +(\d+) Group  0 Pid +\d+ on +\S+ device +(\d) ", out0, re.M)
+    assert ranks == [("0", "0"), ("1", "1"), ("2", "0"), ("3", "1")]  # 2 nodes x -g 2, whatever the slots say
+    run = parse_all_reduce(out0)
+    assert run.complete and [row.size_bytes for row in run.rows] == [MiB, 2 * MiB]
+    assert all((row.wrong_out_of_place, row.wrong_in_place) == (0, 0) for row in run.rows)
+
+
+def test_under_mpirun_the_agents_node_list_comes_before_the_hostfile(tmp_path):
+    port = free_port("127.0.0.2")
+    missing = tmp_path / "no-hostfile"  # never read: FADEN_ALLREDUCE_NODES names the nodes
+    started = [subprocess.Popen(command("-b", "1M", "-e", "1M", "-n", "1", "-w", "0"),
+                                env=mpirun_env(rank, 2, missing, port, FADEN_ALLREDUCE_NODES="127.0.0.2,127.0.0.3"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in range(2)]
+    try:
+        (rc0, out0, err0), (rc1, _, err1) = finish(started)
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+    assert (rc0, err0, rc1, err1) == (0, "", 0, "")
+    assert parse_all_reduce(out0).complete
+
+
+def test_under_mpirun_a_process_count_other_than_the_hostfiles_nodes_is_said_so(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("127.0.0.2 slots=1\n127.0.0.3 slots=1\n")
+    result = subprocess.run(command("-b", "1M", "-e", "1M"), env=mpirun_env(0, 3, hostfile, free_port("127.0.0.2")),
+                            capture_output=True, text=True, timeout=30)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == ("all_reduce_perf (node 0): error: mpirun started 3 processes, but the hostfile %s names 2 "
+                             "nodes: run one process per node (--map-by ppr:1:node, -np 2)\n" % hostfile)
+
+
+def test_without_mpirun_a_node_list_and_a_rank_are_still_required():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_")}
+    missing = subprocess.run(command("-b", "1M"), env=env, capture_output=True, text=True, timeout=30)
+    assert missing.returncode == 2
+    assert "one of the arguments --nodes --hostfile is required (or start it under mpirun)" in missing.stderr
+    no_rank = subprocess.run(command("--nodes", "127.0.0.2,127.0.0.3"), env=env, capture_output=True, text=True, timeout=30)
+    assert no_rank.returncode == 2 and "the following arguments are required: --rank" in no_rank.stderr

@@ -89,7 +89,7 @@ def machine(lab, tmp_path_factory):
         loaded = on.agent("image", "load", "--digest", digest, "--driver", "podman", timeout=600)
         assert loaded["event"] == "result", loaded
         TIMINGS["image_load"] = round(time.monotonic() - started, 1)
-        assert loaded["manifest"]["version"] == "2.2.0"  # the build that carries the engine
+        assert loaded["manifest"]["version"] == "2.3.0"  # the build that carries the engine and the NCCL test
         running = on.agent("runtime", "start", "--digest", digest, "--cluster", CLUSTER, "--driver", "podman")
         assert running["event"] == "result", running
 

@@ -96,7 +96,7 @@ def test_a_start_writes_every_member_s_settings_after_the_check_with_ray_with_ev
     job = run(services.cluster_start(cluster=stopped))
 
     assert job.state == JobState.SUCCEEDED, job.error
-    assert [s["name"] for s in job.steps][-2:] == [steps.CHECK_RAY.name, steps.WRITE_SETTINGS.name]
+    assert [s["name"] for s in job.steps][-3:] == [steps.CHECK_RAY.name, steps.WRITE_SETTINGS.name, steps.SHARE_FILES.name]
     assert step_of(job, steps.WRITE_SETTINGS) == {"name": steps.WRITE_SETTINGS.name, "state": StepState.DONE,
                                                   "detail": "Written on 3 of 3 machine(s)"}
     assert sorted(agents.node_files) == ["gpu-a", "gpu-b", "gpu-c"]
@@ -204,7 +204,7 @@ def test_a_start_taken_up_again_in_the_settings_step_runs_it_again_and_skips_wha
     Cluster.objects.filter(pk=stopped.pk).update(state=ClusterState.STARTING)
     stopped.members.update(state=MemberState.RAY)
     agents.node_files["gpu-a"] = {"cluster": "half-written"}
-    done = [{"name": name, "state": StepState.DONE, "detail": ""} for name in steps.START.step_names[:-1]]
+    done = [{"name": name, "state": StepState.DONE, "detail": ""} for name in steps.START.step_names[:steps.START.step_names.index(steps.WRITE_SETTINGS.name)]]
     job = JobFactory(kind=steps.START.kind, title="Start gpu-room", target_type="cluster", target_id=stopped.pk,
                      params={"restart": False}, state=JobState.RUNNING, resumes=1, worker="dead-worker",
                      steps=[*done, {"name": steps.WRITE_SETTINGS.name, "state": StepState.RUNNING, "detail": ""}],
@@ -239,7 +239,8 @@ def test_a_delete_removes_every_machine_s_settings_after_the_stop_and_forgets_th
     job = run(services.cluster_delete(cluster=running))
 
     assert job.state == JobState.SUCCEEDED, job.error
-    assert [s["name"] for s in job.steps] == [steps.STOP_ALL.name, steps.REMOVE_SETTINGS.name, steps.DELETE_RECORD.name]
+    assert [s["name"] for s in job.steps] == [steps.STOP_ALL.name, steps.UNMOUNT_SHARED.name, steps.REMOVE_SETTINGS.name,
+                                              steps.DELETE_RECORD.name]
     assert calls_to(agents, "node_files_remove") == ["gpu-a", "gpu-b", "gpu-c"]
     order = [(machine, method) for machine, method, _ in agents.calls]
     assert all(order.index((m, "runtime_stop")) < order.index((m, "node_files_remove")) for m in ("gpu-a", "gpu-b", "gpu-c"))

@@ -1,0 +1,191 @@
+"""The NCCL test's pure parts (``allreduce``): the spec from stdin checked, and what runs, built from
+it: mpirun's argv and hostfile, the launcher (Open MPI's rsh agent) and the run's SSH config, the
+pid-file wrapper and the signal sent inside a container, a node's NCCL settings from its cluster.env.
+Nothing here starts a process; tests/agent/test_allreduce.py holds each to its text.
+"""
+
+import ipaddress
+import json
+import shlex
+
+from .containers import CLUSTER_RE
+from .nodeedit import Root
+from .nodespec import ENV_PATH
+from .protocol import BAD_INPUT, AgentError
+
+PROGRAM = "all_reduce_perf"
+MPIRUN = "mpirun"
+NODES_VARIABLE = "FADEN_ALLREDUCE_NODES"  # mpirun -x: every rank's environment
+MAX_NODES, MAX_GPUS = 256, 64
+MAX_BYTES = 16 * 1024 ** 3
+TIMEOUT_MAX = 3600
+ENV_PREFIXES = ("NCCL_", "GLOO_")  # this node's settings from cluster.env that reach the ranks it runs
+SPEC_KEYS = ("cluster", "nodes", "minbytes", "maxbytes", "iters", "warmup", "check", "timeout")
+SPEC_SHAPE = ('{"cluster": "NAME", "nodes": [{"name": "node-0", "address": "198.18.1.11", "gpus": 1}, ...], '
+              '"minbytes": 1048576, "maxbytes": 67108864, "iters": 5, "warmup": 1, "check": true, "timeout": 600}')
+
+
+# ------------------------------------------------------------------ the spec
+
+
+def _whole(spec: dict, key: str, low: int, high: int) -> int:
+    value = spec.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise AgentError(BAD_INPUT, "the allreduce spec's %s must be a whole number from %d to %d, got %s"
+                         % (key, low, high, json.dumps(value)[:40]))
+    return value
+
+
+def _check_nodes(nodes) -> list:
+    if not isinstance(nodes, list) or not 1 <= len(nodes) <= MAX_NODES:
+        raise AgentError(BAD_INPUT, "the allreduce spec's nodes must be a list of 1 to %d nodes, head first"
+                         % MAX_NODES)
+    checked, seen = [], set()
+    for index, node in enumerate(nodes):
+        if not isinstance(node, dict) or set(node) != {"name", "address", "gpus"}:
+            raise AgentError(BAD_INPUT, "nodes[%d] must be {\"name\", \"address\", \"gpus\"}, got %s"
+                             % (index, json.dumps(node)[:120]))
+        name, address = node["name"], node["address"]
+        if not isinstance(name, str) or not CLUSTER_RE.match(name):
+            raise AgentError(BAD_INPUT, "nodes[%d].name must be a node's name (node-0), got %s"
+                             % (index, json.dumps(name)[:40]))
+        try:
+            address = str(ipaddress.ip_address(address))
+        except ValueError:
+            raise AgentError(BAD_INPUT, "nodes[%d].address must be an IP address, got %s"
+                             % (index, json.dumps(address)[:60]))
+        gpus = _whole(node, "gpus", 1, MAX_GPUS)
+        if address in seen:
+            raise AgentError(BAD_INPUT, "the address %s is in the allreduce spec's nodes twice" % address)
+        seen.add(address)
+        checked.append({"name": name, "address": address, "gpus": gpus})
+    counts = sorted({node["gpus"] for node in checked})
+    if len(counts) > 1:
+        # nccl-tests gives every process the same -g and counts the ranks from it: a mix would hang NCCL.
+        raise AgentError(BAD_INPUT, "all_reduce_perf runs the same number of GPUs (-g) on every node, but these "
+                                    "nodes have %s GPUs" % ", ".join(str(c) for c in counts))
+    return checked
+
+
+def check_spec(spec) -> dict:
+    """The spec from stdin, every field checked (``bad_input`` saying which and why)."""
+    if not isinstance(spec, dict):
+        raise AgentError(BAD_INPUT, "the allreduce spec on stdin must be one JSON object %s" % SPEC_SHAPE)
+    unknown = sorted(set(spec) - set(SPEC_KEYS))
+    if unknown:
+        raise AgentError(BAD_INPUT, "the allreduce spec has unknown keys: %s" % ", ".join(unknown))
+    cluster = spec.get("cluster")
+    if not isinstance(cluster, str) or not CLUSTER_RE.match(cluster):
+        raise AgentError(BAD_INPUT, "the allreduce spec's cluster must be a cluster name, got %s"
+                         % json.dumps(cluster)[:80])
+    checked = {"cluster": cluster, "nodes": _check_nodes(spec.get("nodes")),
+               "minbytes": _whole(spec, "minbytes", 1, MAX_BYTES), "maxbytes": _whole(spec, "maxbytes", 1, MAX_BYTES),
+               "iters": _whole(spec, "iters", 1, 10000), "warmup": _whole(spec, "warmup", 0, 1000),
+               "timeout": _whole(spec, "timeout", 1, TIMEOUT_MAX)}
+    if checked["minbytes"] > checked["maxbytes"]:
+        raise AgentError(BAD_INPUT, "the allreduce spec's minbytes (%d) is above its maxbytes (%d)"
+                         % (checked["minbytes"], checked["maxbytes"]))
+    if not isinstance(spec.get("check"), bool):
+        raise AgentError(BAD_INPUT, "the allreduce spec's check must be true or false, got %s"
+                         % json.dumps(spec.get("check"))[:40])
+    checked["check"] = spec["check"]
+    return checked
+
+
+# ------------------------------------------------------------------ what runs (pure)
+
+
+def hostfile_text(nodes: list) -> str:
+    """mpirun's hostfile: the nodes' addresses in rank order, one slot (one process) each."""
+    return "".join("%s slots=1\n" % node["address"] for node in nodes)
+
+
+def mpirun_argv(spec: dict, hostfile: str, launcher: str, program: str = PROGRAM) -> list:
+    """The whole run, one process per node of ``-g`` GPUs each; ``hostfile`` and ``launcher`` as the
+    runtime sees them. No tree spawn: only the head has the launcher; the daemons stay in their SSH
+    sessions (not daemonized), where each node's ``allreduce exec`` watches them; binding off: a
+    process drives all of its node's GPUs. Every rank gets the nodes' addresses in rank order (``NODES_VARIABLE``):
+    nccl-tests has MPI and ignores it; the lab's all_reduce_perf, which has none, finds its peers so."""
+    return [MPIRUN, "--allow-run-as-root", "--leave-session-attached", "--hostfile", hostfile, "-np", str(len(spec["nodes"])),
+            "--map-by", "ppr:1:node", "--bind-to", "none",
+            "--mca", "plm_rsh_agent", launcher, "--mca", "plm_rsh_no_tree_spawn", "1",
+            "-x", "%s=%s" % (NODES_VARIABLE, ",".join(node["address"] for node in spec["nodes"])),
+            program, "-b", str(spec["minbytes"]), "-e", str(spec["maxbytes"]), "-f", "2",
+            "-g", str(spec["nodes"][0]["gpus"]), "-n", str(spec["iters"]), "-w", str(spec["warmup"]),
+            "-c", "1" if spec["check"] else "0"]
+
+
+def remote_agent_argv(cluster: str, zip_path, source) -> list:
+    """How another node's agent is called over SSH: the same build as this one (same path), or from
+    a source tree (tests) as a module with that tree on PYTHONPATH."""
+    if zip_path:
+        program = ["python3", zip_path]
+    else:
+        program = ["env", "PYTHONPATH=%s" % source, "python3", "-m", "fadenstack_agent"]
+    return program + ["allreduce", "exec", "--cluster", cluster, "--command"]
+
+
+# mpirun hands its plm_rsh_agent to every node's orted, which refuses to start (and dies of it: seen in
+# the lab) when that path is not there, though without tree spawn it never launches anything: a node
+# that is not the head gets this one at the same path, which says so if it is ever called.
+PLACEHOLDER_LAUNCHER = "#!/bin/sh\necho 'allreduce: only the head launches (no tree spawn)' >&2\nexit 1\n"
+
+
+def launcher_text(remote: list, ssh_config: str) -> str:
+    """Open MPI's rsh agent: ``launch HOST WORDS...``, the words a command for a shell (orted and its
+    options, some double-quoted). Over the cluster's SSH to HOST (``ssh_config``: the run's copy of
+    it), the remote shell gets ``remote`` and the words as one single-quoted argument, which that
+    node's ``allreduce exec`` runs."""
+    return """#!/bin/sh
+# Written by fadenstack-agent for `allreduce run`: Open MPI's launcher (plm_rsh_agent) to the other nodes.
+# mpirun calls it as: launch HOST WORDS...; the words are a command line for a shell (orted's).
+host=$1
+shift
+words=$(printf '%%s' "$*" | sed "s/'/'\\\\\\\\''/g")
+exec ssh -F %s -o BatchMode=yes -o ConnectTimeout=30 -- "$host" %s"'$words'"
+""" % (shlex.quote(ssh_config), shlex.quote(shlex.join(remote) + " "))
+
+
+def run_ssh_config(block: str, key: str, known_hosts: str) -> str:
+    """Root's block for the nodes, its key and known_hosts paths made the run's copies'."""
+    lines = []
+    for line in block.splitlines():
+        words = line.split()
+        if words and words[0].lower() == "identityfile":
+            line = "    IdentityFile %s" % key
+        elif words and words[0].lower() == "userknownhostsfile":
+            line = "    UserKnownHostsFile %s" % known_hosts
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def pid_wrapped(argv: list, pidfile: str) -> list:
+    """``sh -c`` that writes its pid, then becomes ``argv``: the run's pid as the runtime sees it, for
+    signals sent inside a container (its pids are not the machine's)."""
+    return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', pidfile] + list(argv)
+
+
+def kill_argv(signal_name: str, pidfile: str) -> list:
+    return ["sh", "-c", 'kill -s "$0" "$(cat "$1")" 2>/dev/null || true', signal_name, pidfile]
+
+
+def node_env(root: Root) -> dict:
+    """This node's NCCL_* and GLOO_* settings from its cluster.env (the network NCCL and Gloo use here),
+    for the ranks it runs; {} when the file is not there."""
+    try:
+        with open(root.real(ENV_PATH)) as handle:
+            text = handle.read()
+    except OSError:
+        return {}
+    found = {}
+    for line in text.splitlines():
+        if "=" not in line or line.lstrip().startswith("#"):
+            continue
+        name, _, quoted = line.partition("=")
+        if name.startswith(ENV_PREFIXES):
+            try:
+                words = shlex.split(quoted)
+            except ValueError:
+                continue
+            found[name] = words[0] if words else ""
+    return found
