@@ -40,7 +40,7 @@ from .engineoutput import is_no_such_container, left_by_others, parse_loaded, pa
 from .facts import Collector
 from .files import runtime_dir
 from .protocol import BAD_INPUT, NOT_RETRYABLE, RETRYABLE, AgentError
-from .rayproc import read_proc, read_tail
+from .rayproc import namespace_pids, read_proc, read_tail
 
 NO_RUNTIME = "No container runtime on this machine: install Docker or Podman"
 DRIVER_NAMES = ("process",) + ENGINES
@@ -140,23 +140,7 @@ def namespace_processes(pid: int) -> list:
     """The processes in the pid namespace of ``pid`` (the container's first
     process), by this machine's pids: Ray in a container is found, and
     stopped, from outside it (``rayproc``, ``raystop``), as on the machine."""
-    try:
-        namespace = os.readlink("/proc/%d/ns/pid" % pid)
-    except OSError:
-        return []
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            if os.readlink("/proc/%s/ns/pid" % name) != namespace:
-                continue
-        except OSError:
-            continue
-        proc = read_proc(int(name))
-        if proc is not None and proc.argv:
-            found.append(proc)
-    return found
+    return [proc for proc in map(read_proc, namespace_pids(pid)) if proc is not None and proc.argv]
 
 
 

@@ -11,7 +11,7 @@ pid used again by another process). Processes in a container are found by their 
 import os
 import signal
 
-from .rayproc import read_proc
+from .rayproc import namespace_pids, read_proc
 
 
 def _table() -> dict:
@@ -61,20 +61,12 @@ def kill_left(taken: dict, sig=signal.SIGKILL) -> list:
 def host_pid(inner: int, anchor: int):
     """The machine's pid of the process that is ``inner`` in the pid namespace of ``anchor`` (a
     container's first process), or None."""
-    try:
-        namespace = os.readlink("/proc/%d/ns/pid" % anchor)
-    except OSError:
-        return None
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+    for pid in namespace_pids(anchor):
         try:
-            if os.readlink("/proc/%s/ns/pid" % name) != namespace:
-                continue
-            with open("/proc/%s/status" % name) as handle:
+            with open("/proc/%d/status" % pid) as handle:
                 ids = next((line.split()[1:] for line in handle if line.startswith("NSpid:")), [])
         except OSError:
             continue
         if ids and ids[-1] == str(inner):
-            return int(name)
+            return pid
     return None

@@ -44,6 +44,25 @@ def _read(path: str, mode: str = "rb"):
         return None
 
 
+def namespace_pids(anchor: int) -> list:
+    """This machine's pids of the processes in the pid namespace of ``anchor`` (a container's first
+    process); [] when ``anchor`` is gone."""
+    try:
+        namespace = os.readlink("/proc/%d/ns/pid" % anchor)
+    except OSError:
+        return []
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink("/proc/%s/ns/pid" % name) == namespace:
+                found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
 def read_proc(pid: int):
     """One process from /proc (None when gone or a zombie)."""
     stat = _read("/proc/%d/stat" % pid)

@@ -13,43 +13,22 @@ from clusters.choices import ClusterState, MemberState
 from clusters.models import Cluster
 from clusters.runners.shared import SHARED_AGENT
 from clusters.shared_files import Abilities, shared_method, shared_sentence
-from console import live, roles
+from console import roles
 from console.choices import JobState, StepState
 from console.models import Job
 from machines.agent import agent_version
 from machines.choices import MachineState
 from machines.models import Machine
 from machines.versions import agent_outdated
-from tests.builders import build, cluster_of, gpu_machine
+from tests.builders import cluster_of, gpu_machine
 from tests.factories import JobFactory
+from tests.cluster_jobs import image, node, quiet  # noqa: F401 (fixtures)
 from tests.fakes import FakeAgents
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the job's threads read the database on their own connections
 
 NO_SSHFS = "sshfs is not installed (apt-get install sshfs)"
 NFS_HEAD = {"shared_can": {"nfs_export": True, "nfs_mount": True}}
-
-
-def node(host: int) -> dict:
-    return {"address": f"198.18.1.{host}", "alive": True, "gpus": 8, "node_id": f"node-{host}"}
-
-
-@pytest.fixture(autouse=True)
-def quiet(settings, tmp_path, monkeypatch):
-    monkeypatch.setattr(live, "push", lambda *args, **kwargs: None)
-    monkeypatch.setattr(tasks.cluster_check, "apply_async", lambda *args, **kwargs: None)
-    settings.FADEN_SECRETS_KEY_PATH = tmp_path / "keys" / "secrets.key"
-    settings.FADEN_SSH_CA_KEY_PATH = tmp_path / "ssh" / "ca_ed25519"
-
-
-@pytest.fixture
-def image(tmp_path):
-    image = build("2.1.0")
-    held = tmp_path / "runtime.img"
-    held.write_bytes(b"x" * image.size_bytes)
-    image.path, image.chunk_hashes = str(held), ["c" * 64]
-    image.save()
-    return image
 
 
 @pytest.fixture

@@ -1,0 +1,30 @@
+"""What the unit tests of a cluster's job steps share (the node settings', /shared's): a Ray node as the
+fake agent lists it, pushes and health checks kept quiet, keys in the test's own directory, and a
+runtime image whose file the server holds. A test module imports these names to use them."""
+import pytest
+
+from clusters import tasks
+from console import live
+from tests.builders import build
+
+
+def node(host: int) -> dict:
+    return {"address": f"198.18.1.{host}", "alive": True, "gpus": 8, "node_id": f"node-{host}"}
+
+
+@pytest.fixture(autouse=True)
+def quiet(settings, tmp_path, monkeypatch):
+    monkeypatch.setattr(live, "push", lambda *args, **kwargs: None)
+    monkeypatch.setattr(tasks.cluster_check, "apply_async", lambda *args, **kwargs: None)
+    settings.FADEN_SECRETS_KEY_PATH = tmp_path / "keys" / "secrets.key"
+    settings.FADEN_SSH_CA_KEY_PATH = tmp_path / "ssh" / "ca_ed25519"
+
+
+@pytest.fixture
+def image(tmp_path):
+    image = build("2.1.0")
+    held = tmp_path / "runtime.img"
+    held.write_bytes(b"x" * image.size_bytes)
+    image.path, image.chunk_hashes = str(held), ["c" * 64]
+    image.save()
+    return image
