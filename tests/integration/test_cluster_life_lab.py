@@ -31,11 +31,15 @@ pytestmark = [pytest.mark.lab]
 NAME = "life"
 FABRIC_MBIT = 400  # lab/specs/default.toml: each machine's link on the fabric, shaped both ways
 NCCL_SWEEP = {"FADEN_NCCL_TEST_MAX_BYTES": str(16 * 2**20), "FADEN_NCCL_TEST_ITERS": "2", "FADEN_NCCL_TEST_WARMUP": "1"}
+SLOW_MBIT = 40  # the slow link's rate, as lab/specs/default.toml's slow network has it
+# The worker's limit on a test, shortened from 10 minutes: at 40 Mbit/s the first 5 sizes (1 to 16 MiB, one
+# iteration each) take about 50 s, the two after them about 150 s more.
+NCCL_LIMIT = {"FADEN_NCCL_TEST_LIMIT_SECONDS": "120"}
 
 
 @pytest.fixture(scope="module")
 def console(lab, module_db):
-    with console_processes(beat=True, env=INTERVALS, enqueue=True) as processes:
+    with console_processes(beat=True, env={**INTERVALS, **NCCL_LIMIT}, enqueue=True) as processes:
         yield processes
 
 
@@ -132,6 +136,21 @@ def test_the_nccl_test_runs_in_the_runtime_containers_over_the_fabric_at_its_rat
     for address in ("198.18.0.11", "198.18.0.12"):
         left = lab.ssh(address, "pgrep -af '[a]ll_reduce_perf|[o]rted|[m]pirun' || true").stdout  # [a]: not this line
         assert not left.strip(), f"{address}: {left}"
+
+
+def test_the_nccl_test_on_a_40_mbit_link_stops_after_five_sizes_and_names_the_link(lab, life, settings):
+    """lab-b's fabric link shaped to 40 Mbit/s: the sizes after the fifth would pass the (shortened) limit,
+    so the test stops there and names the link. (The same cluster as the fabric run: a slow link is a rate,
+    whichever network carries it.)"""
+    settings.FADEN_NCCL_TEST_MAX_BYTES, settings.FADEN_NCCL_TEST_ITERS, settings.FADEN_NCCL_TEST_WARMUP = 64 * 2**20, 1, 0
+    lab.fault("lab-b", "link-slow", "fabric", str(SLOW_MBIT))
+    try:
+        started = nccl_tests.nccl_test_start(cluster=life, user=UserFactory(username="nccl-slow", role=roles.OPERATOR))
+        ended = wait_for(lambda: NcclTest.objects.filter(pk=started.pk).exclude(state=NcclTestState.RUNNING).first(),
+                         timeout=150, what="the NCCL test to stop")
+    finally:
+        lab.fault("lab-b", "link-restore", "fabric")
+    connect_lab.check_nccl_test_stops_on_a_slow_link(NcclTestSerializer(ended).data, ("lab-a", "lab-b"))
 
 
 def test_ray_killed_on_a_worker_is_joined_again_while_the_head_keeps_running(lab, life, machines):
