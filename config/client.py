@@ -350,7 +350,8 @@ def ssh_until_interrupted(argv: list[str]) -> int | None:
 
 @contextlib.contextmanager
 def _terminate_as_interrupt():
-    """SIGTERM (and SIGHUP: the terminal closed) end a wait as Ctrl-C does, so the cleanup runs."""
+    """SIGTERM (and SIGHUP: the terminal closed) end a wait as Ctrl-C does, so the cleanup runs; SIGINT
+    too when it came ignored (a background job of a script, which `kill -INT` should still end)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -358,7 +359,7 @@ def _terminate_as_interrupt():
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
-    previous = {number: signal.signal(number, interrupt) for number in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {number: signal.signal(number, interrupt) for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

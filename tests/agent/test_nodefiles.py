@@ -298,7 +298,9 @@ def test_sshd_refusing_its_configuration_before_any_change_changes_nothing(node)
 
 
 def test_a_changed_dropin_reloads_the_sshd_named_by_its_pid_file(node):
-    listener = subprocess.Popen(["bash", "-c", "exec -a sshd-standin sleep 60"])
+    # SIGHUP's default action, even when this run came with it ignored (under nohup): sshd's is a handler.
+    listener = subprocess.Popen(["bash", "-c", "exec -a sshd-standin sleep 60"],
+                                preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 5
         while b"sshd" not in open(f"/proc/{listener.pid}/cmdline", "rb").read() and time.monotonic() < deadline:

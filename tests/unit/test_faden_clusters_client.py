@@ -133,6 +133,22 @@ def test_sigterm_ends_the_wait_for_ssh_and_the_child_is_ended_too(monkeypatch):
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_sigint_ends_the_wait_even_when_it_came_ignored(monkeypatch):
+    # `faden clusters tunnel &` in a script starts with SIGINT ignored; `kill -INT` must still end it.
+    children = []
+    monkeypatch.setattr(client, "_spawn", lambda argv: children.append(subprocess.Popen(argv)) or children[-1])
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        ended = client.ssh_until_interrupted([sys.executable, "-c", "import time; time.sleep(60)"])
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # as it came
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, before)
+    assert ended is None and children[0].poll() == -signal.SIGTERM
+
+
 def test_an_ssh_that_is_not_installed_is_named(monkeypatch):
     monkeypatch.setattr(client, "_spawn", lambda argv: (_ for _ in ()).throw(FileNotFoundError(argv[0])))
     with pytest.raises(client.ClientError, match="OpenSSH's ssh is not on PATH"):
