@@ -9,6 +9,8 @@ import uuid
 
 import pytest
 
+from tests import priority
+
 pytest_plugins = ["tests.lab_fixtures"]
 
 
@@ -41,7 +43,8 @@ def pytest_runtest_setup(item):
             try:
                 os.setpriority(os.PRIO_PROCESS, 0, wanted)
             except PermissionError:  # not root: back to normal is not allowed, and harmless to skip
-                pass
+                return
+            priority.renice(wanted)  # and the PostgreSQL backends doing its queries (tests/priority.py)
 
 
 # The lab's own tests first: their `fresh_lab` is then the run's first `up` and costs no down and up again.

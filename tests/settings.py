@@ -24,3 +24,12 @@ STORAGES = {"staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.Stati
 # A file, not memory, so that the browser tests' web server and worker processes share the test database.
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"]["TEST"] = {"NAME": os.path.join(os.environ["FADEN_DATA_DIR"], "test.sqlite3")}
+
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    # A throwaway database: a commit need not wait for the disk (the lab's console commits thousands).
+    options = DATABASES["default"].setdefault("OPTIONS", {})
+    options["options"] = f"{options.get('options', '')} -c synchronous_commit=off".strip()
+
+    from tests import priority
+
+    priority.connect_signal()  # each backend at the priority of the test process that opened it
