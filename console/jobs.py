@@ -135,7 +135,8 @@ class JobContext:
         else:
             self.job.steps.append({"name": name, "state": StepState.PENDING, "detail": ""})
             index = len(self.job.steps) - 1
-        self.job.steps[index].update(state=StepState.RUNNING, detail=detail)
+        self.job.steps[index].update(state=StepState.RUNNING, detail=detail, started_at=timezone.now().isoformat())
+        self.job.steps[index].pop("seconds", None)  # run again (a resumed job): its time is this run's
         self._current = index
         self.check_cancel()
         self._save("steps")
@@ -166,8 +167,12 @@ class JobContext:
             raise JobCancelled()
 
     def _finish_current(self, state: str) -> None:
+        """End the running step in ``state`` with how long it ran (the card shows it beside the step)."""
         if self._current is not None:
-            self.job.steps[self._current]["state"] = state
+            step = self.job.steps[self._current]
+            step["state"] = state
+            if started := step.get("started_at"):
+                step["seconds"] = round((timezone.now() - datetime.fromisoformat(started)).total_seconds(), 1)
             self._current = None
 
 

@@ -8,6 +8,12 @@ from console import live
 from tests.builders import build
 
 
+def step_of(job, step) -> dict:
+    """The job's step as its card reads it: name, state and detail (how long it ran is the job's own test's)."""
+    found = next(s for s in job.steps if s["name"] == step.name)
+    return {key: found[key] for key in ("name", "state", "detail")}
+
+
 def node(host: int) -> dict:
     return {"address": f"198.18.1.{host}", "alive": True, "gpus": 8, "node_id": f"node-{host}"}
 

@@ -81,3 +81,18 @@ def per_minute(value) -> str:
     if value >= 1000:
         return f"{value / 1000:.1f} k"
     return f"{value:.1f}".rstrip("0").rstrip(".") if value < 10 else f"{value:.0f}"
+
+
+@register.filter
+def step_seconds(value) -> str:
+    """How long a job's step ran: ``0.8 s``, ``12 s``, ``2 min 5 s``, ``1 h 4 min``."""
+    seconds = float(value or 0)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 59.5:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"

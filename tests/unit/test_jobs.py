@@ -141,7 +141,49 @@ def test_a_finished_job_is_not_run_again(state, changes):
 def test_a_step_not_named_up_front_is_added_at_the_end(job, changes):
     run(job, lambda ctx: ctx.step("Restart the heartbeat"), changes)
     job.refresh_from_db()
-    assert job.steps[-1] == {"name": "Restart the heartbeat", "state": StepState.DONE, "detail": ""}
+    added = job.steps[-1]
+    assert (added["name"], added["state"], added["detail"]) == ("Restart the heartbeat", StepState.DONE, "")
+    assert added["seconds"] >= 0
+
+
+def test_each_step_that_ended_says_how_long_it_ran_and_one_run_again_times_its_new_run(job, changes, monkeypatch):
+    from django.template.loader import render_to_string
+
+    from console import jobs
+
+    clock = [timezone.now()]
+    monkeypatch.setattr(jobs.timezone, "now", lambda: clock[0])
+
+    def tick(seconds: float) -> None:
+        clock[0] += timedelta(seconds=seconds)
+
+    def work(ctx):
+        ctx.step("Connect")
+        tick(5)
+        ctx.step("Install the agent")
+        tick(2)
+        ctx.step("Connect")  # again (a step a resumed job runs anew): its time is this run's
+        assert "seconds" not in ctx.job.steps[0]
+        tick(0.8)
+        ctx.step("Install the agent")
+        tick(125)
+        raise JobError("The machine refused the upload.")
+
+    run(job, work, changes)
+
+    job.refresh_from_db()
+    assert [(s["state"], s.get("seconds")) for s in job.steps] == [
+        (StepState.DONE, 0.8), (StepState.FAILED, 125.0), (StepState.PENDING, None)]
+    card = render_to_string("console/_steps.html", {"steps": job.steps})
+    assert card.count('class="step__time"') == 2 and ">0.8 s<" in card and ">2 min 5 s<" in card
+
+
+@pytest.mark.parametrize("seconds, words", [(0, "0.0 s"), (0.84, "0.8 s"), (12.4, "12 s"), (59.4, "59 s"), (59.6, "1 min"), (60, "1 min"),
+                                            (125, "2 min 5 s"), (3600, "1 h"), (3840, "1 h 4 min")])
+def test_a_steps_time_reads_as_people_say_it(seconds, words):
+    from console.templatetags.units import step_seconds
+
+    assert step_seconds(seconds) == words
 
 
 def test_detail_skip_and_log_are_recorded_on_the_job(job, changes):

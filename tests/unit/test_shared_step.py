@@ -22,7 +22,7 @@ from machines.models import Machine
 from machines.versions import agent_outdated
 from tests.builders import cluster_of, gpu_machine
 from tests.factories import JobFactory
-from tests.cluster_jobs import image, node, quiet  # noqa: F401 (fixtures)
+from tests.cluster_jobs import image, node, quiet, step_of  # noqa: F401 (fixtures)
 from tests.fakes import FakeAgents
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the job's threads read the database on their own connections
@@ -46,10 +46,6 @@ def agents(monkeypatch):
 def run(job: Job) -> Job:
     tasks.cluster_job(job.pk)  # tasks are eager: it ran on commit already, and runs no second time
     return Job.objects.get(pk=job.pk)
-
-
-def step_of(job: Job, step: steps.Step) -> dict:
-    return next(s for s in job.steps if s["name"] == step.name)
 
 
 def calls_to(agents: FakeAgents, method: str) -> list[tuple[str, dict]]:
