@@ -9,6 +9,8 @@ import functools
 import hashlib
 import io
 import json
+import os
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +65,8 @@ def agent_build() -> AgentBuild:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"fadenstack-agent-{version}-{digest[:12]}.pyz"
     if not path.exists():
-        tmp = path.with_suffix(".tmp")
+        # A name of this writer's own: enrolments in several worker processes may build at once.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(content)
         tmp.replace(path)
     return AgentBuild(version=version, path=path, sha256=digest)

@@ -117,3 +117,23 @@ def test_the_zipapp_runs_from_the_zip_where_nothing_can_be_unpacked(fresh_build,
 
     assert _run([str(installed), "version"], tmp_path)["event"] == "result"
     assert (installed.parent / ".unpacked").is_file()
+
+
+def test_two_processes_building_at_once_each_finish_with_the_same_build(fresh_build, monkeypatch):
+    # Enrolments in several worker processes build at once on a fresh console: another writer finishes
+    # while this one is between writing its file and renaming it (it once renamed this one's file away).
+    import threading
+
+    real_replace, others = Path.replace, []
+
+    def replace_after_another_writer(self, target):
+        if not others:
+            others.append(threading.Thread(target=agent.agent_build.__wrapped__))
+            others[0].start()
+            others[0].join()
+        return real_replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", replace_after_another_writer)
+    build = agent.agent_build.__wrapped__()
+    assert others and build.path.exists()
+    assert sorted(p.name for p in build.path.parent.iterdir()) == [build.path.name]  # no writer's file left
