@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
 from django.views.decorators.debug import sensitive_variables
 
+from console.files import writer_temporary
 from console.models import SealedSecret
 
 logger = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def _fernet() -> Fernet:
 def _key_make(path: Path) -> bytes:
     """Write a new key, 0600 in a 0700 directory, unless another process made one first: both then use that one."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    temporary = writer_temporary(path)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as file:

@@ -9,8 +9,6 @@ import functools
 import hashlib
 import io
 import json
-import os
-import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +16,7 @@ from pathlib import Path
 from django.conf import settings
 from fabric import Connection
 
+from console.files import writer_temporary
 from machines import remote
 
 AGENT_SOURCE = Path(settings.BASE_DIR) / "agent"
@@ -66,7 +65,7 @@ def agent_build() -> AgentBuild:
     path = out_dir / f"fadenstack-agent-{version}-{digest[:12]}.pyz"
     if not path.exists():
         # A name of this writer's own: enrolments in several worker processes may build at once.
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp = writer_temporary(path)
         tmp.write_bytes(content)
         tmp.replace(path)
     return AgentBuild(version=version, path=path, sha256=digest)

@@ -19,7 +19,6 @@ import base64
 import fcntl
 import logging
 import os
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from cryptography.hazmat.primitives.serialization import (
 from django.conf import settings
 from django.views.decorators.debug import sensitive_variables
 
+from console.files import writer_temporary
 from machines import ssh_rules
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def _key_make(path: Path) -> None:
         pem = private.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
         public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        temporary = writer_temporary(path)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             with os.fdopen(fd, "wb") as file:
@@ -111,7 +111,7 @@ def _key_make(path: Path) -> None:
 
 
 def _public_write(path: Path, line: str) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    temporary = writer_temporary(path)
     temporary.write_text(line)
     temporary.chmod(0o644)  # no secret; the data directory (0700) keeps it to this user all the same
     os.replace(temporary, path)

@@ -7,7 +7,6 @@ much as an un-niced worker would. So each connection's backend is reniced with t
 opened it (tests/settings.py connects ``follow``; this needs root, as the lab does, and is skipped
 otherwise), and again whenever the worker's own priority changes (``renice``).
 """
-import contextlib
 import os
 import threading
 
@@ -48,5 +47,4 @@ def renice(niceness: int) -> None:
 def connect_signal() -> None:
     from django.db.backends.signals import connection_created
 
-    with contextlib.suppress(Exception):
-        connection_created.connect(follow, dispatch_uid="tests.priority.follow")
+    connection_created.connect(follow, dispatch_uid="tests.priority.follow")
