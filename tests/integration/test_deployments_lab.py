@@ -188,8 +188,13 @@ def test_a_model_deployed_called_scaled_repaired_stopped_started_and_served_thro
         log = "\n".join(agent.copy_logs(copy.key, lines=200))
     for member in (first, second):  # a stage on each machine, on the 8 GPUs the plan gave it there
         assert re.search(rf"pipeline stage [01] on {re.escape(member.address)}: GPUs 0,1,2,3,4,5,6,7$", log, re.M), log
-    status, body = call(f"{console.gateway_url}/v1/chat/completions", key,
-                        {"model": "tiny-wide", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 4})
+    def wide_call():
+        return call(f"{console.gateway_url}/v1/chat/completions", key,
+                    {"model": "tiny-wide", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 4})
+
+    # As above: the gateway routes to a copy within a second or so of its Serving, not at the same instant.
+    wait_for(lambda: wide_call()[0] != 503, timeout=3, every=0.2, what="the gateway to route to tiny-wide")
+    status, body = wide_call()
     assert status == 200, body
     services.deployment_delete(deployment=wide, user=operator)
     wait_for(lambda: not Deployment.objects.filter(pk=wide.pk).exists(), timeout=60, what="tiny-wide deleted")
