@@ -16,6 +16,7 @@ import pytest
 
 from fadenstack_agent.sharedmounts import mount_at
 from tests.agent.imagehelpers import AGENT_DIR, PYTHON
+from tests.processes import free_port
 
 # The stand-in for every program: records its argv, and mounts or unmounts in the pretend mountinfo.
 # FAKE_FAIL: the words it fails with (exit 1); FAKE_BUSY: umount and fusermount fail unless lazy.
@@ -310,23 +311,41 @@ def loopback(tmp_path):
     ssh = tmp_path / "ssh"
     for name in ("host", "user"):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh / name)], check=True)
-    port = 42000 + os.getpid() % 1000
-    (ssh / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {ssh / 'host'}\nPidFile {ssh / 'sshd.pid'}\n"
-        f"AuthorizedKeysFile {ssh / 'user.pub'}\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
-        f"UsePAM no\nStrictModes no\nSubsystem sftp internal-sftp\nChrootDirectory {head}\nForceCommand internal-sftp\n")
+    os.makedirs("/run/sshd", exist_ok=True)
+    sshd, port = _sshd_listening(ssh, head)
     (node / "root" / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{port} {(ssh / 'host.pub').read_text()}")
     (node / "root" / ".ssh" / "config").write_text(
         f"Host 127.0.0.1\n    Port {port}\n    User root\n    IdentityFile {ssh / 'user'}\n    IdentitiesOnly yes\n"
         f"    UserKnownHostsFile {node / 'root' / '.ssh' / 'known_hosts'}\n    StrictHostKeyChecking yes\n")
-    os.makedirs("/run/sshd", exist_ok=True)
-    subprocess.run([SSHD, "-f", str(ssh / "sshd_config"), "-E", str(ssh / "sshd.log")], check=True)
     env = dict(os.environ, PYTHONPATH=AGENT_DIR, PYTHONDONTWRITEBYTECODE="1")
     yield {"head": dict(env, FADEN_NODE_FILES_ROOT=str(head)), "node": dict(env, FADEN_NODE_FILES_ROOT=str(node)),
            "head_root": head, "node_root": node}
     subprocess.run(["fusermount3", "-u", "-z", str(node / "shared")], capture_output=True)
-    os.kill(int((ssh / "sshd.pid").read_text()), signal.SIGTERM)
+    sshd.terminate()
+    sshd.wait(timeout=10)
     shutil.rmtree(head)
+
+
+def _sshd_listening(ssh, head):
+    """sshd in the foreground (-D: its exit is ours to see) on a port free a moment ago, once its log
+    says it listens. A port taken since (another test's listener) ends it at its bind: another port.
+    A daemonized sshd binds after its parent has exited 0, and a failed bind went unnoticed until
+    sshfs met the port's other owner ('read: Connection reset by peer')."""
+    for _ in range(5):
+        port, log = free_port(), ssh / "sshd.log"
+        (ssh / "sshd_config").write_text(
+            f"Port {port}\nListenAddress 127.0.0.1\nHostKey {ssh / 'host'}\nPidFile none\n"
+            f"AuthorizedKeysFile {ssh / 'user.pub'}\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+            f"UsePAM no\nStrictModes no\nSubsystem sftp internal-sftp\nChrootDirectory {head}\nForceCommand internal-sftp\n")
+        log.write_text("")
+        sshd = subprocess.Popen([SSHD, "-D", "-f", str(ssh / "sshd_config"), "-E", str(log)], stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while sshd.poll() is None and "Server listening" not in log.read_text():
+            assert time.monotonic() < deadline, f"sshd does not listen on {port}: {log.read_text()}"
+            time.sleep(0.02)
+        if sshd.poll() is None:
+            return sshd, port
+    pytest.fail(f"sshd did not start: {log.read_text()}")
 
 
 def _agent(env, *words) -> dict:
