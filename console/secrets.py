@@ -22,7 +22,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
 from django.views.decorators.debug import sensitive_variables
 
-from console.files import writer_temporary
+from console.files import write_once
 from console.models import SealedSecret
 
 logger = logging.getLogger(__name__)
@@ -102,17 +102,5 @@ def _fernet() -> Fernet:
 def _key_make(path: Path) -> bytes:
     """Write a new key, 0600 in a 0700 directory, unless another process made one first: both then use that one."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    temporary = writer_temporary(path)
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(Fernet.generate_key() + b"\n")
-            file.flush()
-            os.fsync(file.fileno())
-        try:
-            os.link(temporary, path)  # appears whole, and never over a key another process made meanwhile
-        except FileExistsError:
-            pass
-    finally:
-        temporary.unlink(missing_ok=True)
+    write_once(path, Fernet.generate_key() + b"\n")
     return path.read_bytes().strip()

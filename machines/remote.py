@@ -27,6 +27,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from fabric import Config, Connection
 
+from console.files import write_once, writer_temporary
+
 log = logging.getLogger(__name__)
 
 
@@ -69,28 +71,30 @@ def console_key_path() -> Path:
 
 
 def console_key() -> paramiko.Ed25519Key:
-    """The console's ed25519 key, made on first use and kept 0600 in the data directory."""
+    """The console's ed25519 key, made on first use and kept 0600 in the data directory. Workers that
+    make it at once keep the first one written; the public file beside it is that key's."""
     path = console_key_path()
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        private = Ed25519PrivateKey.generate()
-        pem = private.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-        )
-        public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
-        path.with_suffix(".pub").write_text(f"{public.decode()} fadenstack-console@{socket.gethostname()}\n")
-        os.replace(tmp, path)  # the private key appears whole or not at all
-    return paramiko.Ed25519Key.from_private_key_file(str(path))
+        pem = Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+        write_once(path, pem)
+    key = paramiko.Ed25519Key.from_private_key_file(str(path))
+    public = path.with_suffix(".pub")
+    if not public.exists():  # for the administrator (ssh-keygen -lf); the console reads the private key
+        temporary = writer_temporary(public)
+        temporary.write_text(_public_line(key) + "\n")
+        os.replace(temporary, public)
+    return key
+
+
+def _public_line(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.get_base64()} fadenstack-console@{socket.gethostname()}"
 
 
 def console_public_key() -> str:
-    """The line to put in the machine's ``~/.ssh/authorized_keys``."""
-    console_key()
-    return console_key_path().with_suffix(".pub").read_text().strip()
+    """The line to put in the machine's ``~/.ssh/authorized_keys``: the private key's own public part."""
+    return _public_line(console_key())
 
 
 def fingerprint(key: paramiko.PKey) -> str:

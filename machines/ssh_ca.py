@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.serialization import (
 from django.conf import settings
 from django.views.decorators.debug import sensitive_variables
 
-from console.files import writer_temporary
+from console.files import write_once, writer_temporary
 from machines import ssh_rules
 
 log = logging.getLogger(__name__)
@@ -91,18 +91,9 @@ def _key_make(path: Path) -> None:
         pem = private.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
         public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        temporary = writer_temporary(path)
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as file:
-                file.write(pem)
-                file.flush()
-                os.fsync(file.fileno())
-            # The public part first: whoever sees the private key finds its public one beside it.
-            _public_write(path.with_suffix(".pub"), f"{public.decode('ascii')} fadenstack-ssh-ca\n")
-            os.link(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
+        # The public part first: whoever sees the private key finds its public one beside it.
+        _public_write(path.with_suffix(".pub"), f"{public.decode('ascii')} fadenstack-ssh-ca\n")
+        write_once(path, pem)
         log.info("Made the console's SSH certificate authority: %s (public key %s).",
                  path, ssh_rules.fingerprint_of(_blob(public.decode("ascii"))))
     finally:
