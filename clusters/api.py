@@ -12,7 +12,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from clusters import hooks, planning, selectors, services, steps
+from clusters import choosing, hooks, planning, selectors, services, steps
 from clusters.choices import MemberState, Role
 from clusters.connection_api import ConnectionActions, ConnectionSerializer, connection_fields
 from clusters.models import Cluster, ClusterMember, HealthCheck, Transfer
@@ -438,7 +438,7 @@ class ClusterViewSet(ConnectionActions, NcclTestActions, mixins.ListModelMixin, 
             return self._network_test_start(request)
         ids = params.id_list(request.query_params.getlist("machines"), name="machines")
         head = params.int_param(request.query_params, "head")
-        picked, _ = services.cluster_plan_check(machine_ids=ids, head_id=None)
+        picked, _ = choosing.cluster_plan_check(machine_ids=ids, head_id=None)
         head = head or planning.suggest_head(picked)
         view = network_view({"picked": ids, "head": head, "network": "", "probe": None}, picked=picked)
         if view["no_network"]:
@@ -468,5 +468,5 @@ class ClusterViewSet(ConnectionActions, NcclTestActions, mixins.ListModelMixin, 
         data.is_valid(raise_exception=True)
         ids = data.validated_data["machines"]
         head = data.validated_data.get("head") or planning.suggest_head(selectors.candidates(ids))
-        job = services.network_probe_start(machine_ids=ids, head_id=head, user=request.user)
+        job = choosing.network_probe_start(machine_ids=ids, head_id=head, user=request.user)
         return Response({"job": job.pk, "state": job.state, "head": head}, status=status.HTTP_202_ACCEPTED)

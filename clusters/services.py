@@ -1,5 +1,6 @@
 """Everything that changes a cluster: create, start, stop, delete, grow and shrink it, switch its
-runtime and network, repair it, and measure its networks.
+runtime and network, and repair it. What is checked before a cluster exists (its name, the picked
+machines and head, the measured networks) is in choosing.py.
 
 The wizard, the API and the tasks call these. The decisions (what can be picked,
 the head, the network, who sends the image to whom) are pure functions in
@@ -20,12 +21,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from clusters import actions, hooks, node_files, planning, policy, selectors, steps
+from clusters import actions, choosing, hooks, node_files, planning, policy, selectors, steps
 from clusters.choices import CHECKED, CheckTrigger, ClusterState, MemberState, Role
 from clusters.lifecycle import cluster_changed, cluster_locked, cluster_transition, members_transition
 from clusters.models import Cluster, ClusterMember
 from clusters.transfer import transfers_reset
-from clusters.validators import name_taken, validate_cluster_name
 from console import live, roles
 from console.choices import JOB_ACTIVE
 from console.jobs import job_start, task_enqueue
@@ -38,54 +38,19 @@ CHECK_TASK = "clusters.tasks.cluster_check"
 JUST_TAKEN = "One of these machines was just put in another cluster; look again."
 
 
-# -- what the wizard checks -----------------------------------------------------------------------
-
-
-def cluster_name_check(name: str) -> None:
-    """The name's rules (``validators.validate_cluster_name``), and that no cluster has it yet."""
-    try:
-        validate_cluster_name(name)
-    except ValidationError as exc:
-        raise ValidationError({"name": exc.messages}) from None
-    if Cluster.objects.filter(name=name).exists():
-        raise ValidationError({"name": name_taken(name)})
-
-
-def _refuse_unknown(machine_ids: list[int], found) -> None:
-    """A ValidationError naming every id in ``machine_ids`` that is not in ``found`` (no machine has it)."""
-    missing = sorted(set(machine_ids) - set(found))
-    if missing:
-        raise ValidationError({"machines": f"No machine has the id {', '.join(map(str, missing))}."})
-
-
-def cluster_plan_check(*, machine_ids: list[int], head_id: int | None) -> tuple[list[planning.Candidate], dict]:
-    """The picked machines and their verdicts; a ValidationError names every machine that cannot be picked."""
-    if not machine_ids:
-        raise ValidationError({"machines": "Pick at least one machine."})
-    picked = selectors.candidates(machine_ids)
-    _refuse_unknown(machine_ids, {c.id for c in picked})
-    if head_id is not None and head_id not in machine_ids:
-        raise ValidationError({"head": "The head must be one of the picked machines."})
-    verdicts = planning.pick_check(picked, selectors.image_builds(), head_id=head_id)
-    refusals = [verdicts[c.id].refusal for c in picked if not verdicts[c.id].selectable]
-    if refusals:
-        raise ValidationError({"machines": refusals})
-    return picked, verdicts
-
-
 # -- create, start, retry -------------------------------------------------------------------------
 
 
 def cluster_create(*, name: str, machine_ids: list[int], head_id: int | None, network: str, user=None) -> Cluster:
     """Check everything the wizard checks, write the cluster and its members, and start it."""
     actions.CREATE.offer(roles.acting(user)).check()
-    cluster_name_check(name)
+    choosing.cluster_name_check(name)
     machine_ids = list(dict.fromkeys(machine_ids))
     if head_id is None and len(machine_ids) == 1:
         head_id = machine_ids[0]
     if head_id is None:
         raise ValidationError({"head": "Choose which machine leads the cluster."})
-    picked, _ = cluster_plan_check(machine_ids=machine_ids, head_id=head_id)
+    picked, _ = choosing.cluster_plan_check(machine_ids=machine_ids, head_id=head_id)
     networks = {str(n.subnet): n for n in planning.shared_networks(picked)}
     if not networks:
         raise ValidationError({"network": planning.NO_SHARED_NETWORK})
@@ -99,7 +64,7 @@ def cluster_create(*, name: str, machine_ids: list[int], head_id: int | None, ne
             return _cluster_write(name=name, network=network, picked=picked, head_id=head_id, addresses=addresses, user=user)
     except IntegrityError:
         # A request that passed the same checks wrote first: refuse as the checks would now.
-        cluster_name_check(name)
+        choosing.cluster_name_check(name)
         raise ValidationError({"machines": JUST_TAKEN}) from None
 
 
@@ -339,7 +304,7 @@ def cluster_add_machines(*, cluster: Cluster, machine_ids: list[int], user=None)
             names = ", ".join(Machine.objects.filter(pk__in=already).values_list("name", flat=True))
             raise ValidationError({"machines": f"{names} already belongs to {cluster.name}."})
         verdicts = {c.id: (c, v) for c, v in selectors.cluster_join_verdicts(cluster, machine_ids)}
-        _refuse_unknown(machine_ids, verdicts)
+        choosing.refuse_unknown(machine_ids, verdicts)
         refusals = [verdicts[i][1].refusal for i in machine_ids if not verdicts[i][1].selectable]
         if refusals:
             raise ValidationError({"machines": refusals})
@@ -487,24 +452,3 @@ def cluster_machine_reconnected(*, machine_id: int, name: str) -> None:
                     _start_job(cluster=cluster_locked(cluster), restart=True, reason=f"{name} reconnected: starting the cluster again.")
             except ValidationError:
                 pass  # busy already
-
-
-# -- network tests --------------------------------------------------------------------------------
-
-
-def network_probe_start(*, machine_ids: list[int], head_id: int, user=None) -> Job:
-    """Measure every shared network between the head and each other machine (the wizard's live test)."""
-    actions.TEST_NETWORKS.offer(roles.acting(user)).check()
-    picked = selectors.candidates(machine_ids)
-    _refuse_unknown(machine_ids, {c.id for c in picked})
-    if len(picked) < 2:
-        raise ValidationError({"machines": "A network test needs at least two machines."})
-    if head_id not in {c.id for c in picked}:
-        raise ValidationError({"head": "The head must be one of the picked machines."})
-    networks = planning.shared_networks(picked)
-    if not networks:
-        raise ValidationError(planning.NO_SHARED_NETWORK)
-    return job_start(
-        kind=steps.PROBE_KIND, title="Network test", target_type="probe", target_id=head_id,
-        steps=[str(n.subnet) for n in networks], user=user, params={"machines": sorted(machine_ids), "head": head_id},
-    )

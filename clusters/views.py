@@ -14,7 +14,7 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from clusters import actions, pages, planning, selectors, services
+from clusters import actions, choosing, pages, planning, selectors, services
 from clusters.choices import ClusterState, Role
 from clusters.models import Cluster
 from console import params
@@ -42,7 +42,7 @@ def cluster_new(request):
     context = {"wizard": state, "step": step if step in STEPS else "name"} | pages.network_offers(role_of(request.user))
     if context["step"] != "name":
         try:
-            services.cluster_name_check(state["name"])
+            choosing.cluster_name_check(state["name"])
         except ValidationError as exc:
             context.update(step="name", name_error=exc.message_dict["name"][0])
     found = selectors.MachineFilter.from_params(request.GET)
@@ -108,7 +108,7 @@ def cluster_new_probe(request):
     """Start the bandwidth test of the wizard's network step, then show the step with its live results."""
     state = wizard_state(request.POST)
     try:
-        job = services.network_probe_start(machine_ids=state["picked"], head_id=state["head"], user=request.user)
+        job = choosing.network_probe_start(machine_ids=state["picked"], head_id=state["head"], user=request.user)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
         return redirect(_wizard_url(state, "network"))
@@ -301,7 +301,7 @@ def cluster_network_test(request, pk: int):
     members = list(cluster.members.all())
     head = next((m.machine_id for m in members if m.role == Role.HEAD), None)
     try:
-        job = services.network_probe_start(machine_ids=[m.machine_id for m in members], head_id=head, user=request.user)
+        job = choosing.network_probe_start(machine_ids=[m.machine_id for m in members], head_id=head, user=request.user)
     except ValidationError as exc:
         _refused(request, exc)
         return redirect("clusters:network", pk=pk)

@@ -27,12 +27,13 @@ SPEC = {"cluster": "gpu-room", "nodes": NODES, "minbytes": 1048576, "maxbytes": 
         "check": True, "timeout": 120}
 # ssh as the launcher calls it, for tests: options skipped, the command given to a shell here, as a
 # remote login shell gets it (ssh joins its words with spaces), in a session of its own as sshd
-# would start it: a signal to the head's run does not reach it but through mpirun.
+# would start it: a signal to the head's run does not reach it but through mpirun. Its exit status is
+# the remote command's, as ssh's is (setsid --wait: setsid forks when its caller leads a process group).
 FAKE_SSH = """#!/bin/sh
 while [ $# -gt 0 ]; do case $1 in -o|-F) shift 2;; --) shift; break;; -*) shift;; *) break;; esac; done
 host=$1; shift
 echo "$host" >> "$FAKE_SSH_LOG"
-exec setsid sh -c "$*"
+exec setsid --wait sh -c "$*"
 """
 
 
@@ -395,9 +396,21 @@ def rank_pids(marker: str) -> list:
     return found
 
 
+def hwloc_crashed(result) -> bool:
+    """Open MPI 4.1.4's mpirun (Debian's, with libhwloc 2.9.0) died of SIGSEGV in hwloc_alloc_setup_object
+    as it read the host's topology, in about 1 run of this file in 10 and never in a test run alone; the
+    cause is not found (not veth churn in the host's namespace, not stale session directories). The run
+    reports it in the engine's own words, as a user would see it; this file's tests of the launcher,
+    which assert our part, run again once when it happens."""
+    return result["exit_status"] == 139 and any("hwloc_" in line for line in result["stderr_tail"])
+
+
 @pytest.mark.skipif(not HAS_MPIRUN, reason="Open MPI's mpirun is not on this host (apt-get install openmpi-bin)")
 def test_real_mpirun_runs_the_stub_on_two_nodes_through_the_launcher_and_allreduce_exec(machine):
     *progress, result = events(machine.run(SPEC))
+    if hwloc_crashed(result):  # Open MPI's, at its start; the test of our part runs again once
+        (machine.path / "ssh.log").unlink(missing_ok=True)
+        *progress, result = events(machine.run(SPEC))
     lines = [event["line"] for event in progress if event["event"] == "progress"]
     assert result["exit_status"] == 0, result
     assert lines[0].startswith("# nThread 1 nGpus 1 minBytes 1048576 maxBytes 4194304 step: 2(factor)")
@@ -468,3 +481,24 @@ def test_a_run_that_ignores_sigterm_is_killed_whole_after_the_grace(machine):
     marker = abort_after_the_first_row(machine, spec)
     assert time.monotonic() - started >= allreduce.KILL_GRACE  # the grace was given first
     assert wait_for(lambda: rank_pids(marker) == [], 30), rank_pids(marker)
+
+
+@pytest.mark.skipif(not HAS_MPIRUN, reason="Open MPI's mpirun is not on this host (apt-get install openmpi-bin)")
+def test_a_daemon_that_dies_at_its_start_ends_the_run_at_once(machine):
+    # As CI saw it once: a node's orted crashed in hwloc as it started (SIGSEGV). mpirun learns of it from
+    # its launcher's exit status, which ssh passes on; this file's ssh stand-in passed 0 (setsid forked,
+    # since mpirun makes each launcher a group leader, and its parent exited at once), so mpirun waited
+    # and the run took its whole timeout (600 s). The first node's daemon crashes, the second is Open MPI's.
+    (machine.path / "bin" / "orted").write_text(
+        '#!/bin/sh\nif mkdir "$MARK/crashed" 2>/dev/null; then\n'
+        '    echo "[vm:01445] *** Process received signal ***" >&2\n    kill -SEGV $$\nfi\n'
+        'exec %s "$@"\n' % shutil.which("orted"))
+    (machine.path / "bin" / "orted").chmod(0o755)
+    started = time.monotonic()
+
+    *logs, result = events(machine.run(dict(SPEC, timeout=600)), timeout=60)
+
+    assert time.monotonic() - started < allreduce.KILL_GRACE + 10, result
+    assert result["timed_out"] is False and result["exit_status"] != 0, (logs, result)
+    assert "[vm:01445] *** Process received signal ***" in result["stderr_tail"]
+

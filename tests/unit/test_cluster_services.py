@@ -2,7 +2,7 @@
 import pytest
 from django.core.exceptions import ValidationError
 
-from clusters import services
+from clusters import choosing, services
 from clusters.choices import ClusterState
 from clusters.models import Cluster, RuntimeImage
 from tests.builders import gpu_machine
@@ -40,14 +40,14 @@ def test_a_build_the_server_does_not_hold_makes_the_cluster_wait_instead_of_retr
 )
 def test_a_bad_cluster_name_is_refused_with_the_rule_it_broke(name, words):
     with pytest.raises(ValidationError) as refused:
-        services.cluster_name_check(name)
+        choosing.cluster_name_check(name)
     assert words in " ".join(refused.value.messages)
 
 
 def test_a_taken_name_is_refused(build_not_held):
     Cluster.objects.create(name="gpu-room")
     with pytest.raises(ValidationError, match="already a cluster named gpu-room"):
-        services.cluster_name_check("gpu-room")
+        choosing.cluster_name_check("gpu-room")
 
 
 def test_a_network_the_machines_do_not_all_share_is_refused_and_nothing_is_stored(build_not_held):
