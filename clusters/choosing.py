@@ -23,6 +23,11 @@ def cluster_name_check(name: str) -> None:
         raise ValidationError({"name": name_taken(name)})
 
 
+def _refuse_head_outside(head_id: int, machine_ids) -> None:
+    if head_id not in machine_ids:
+        raise ValidationError({"head": "The head must be one of the picked machines."})
+
+
 def refuse_unknown(machine_ids: list[int], found) -> None:
     """A ValidationError naming every id in ``machine_ids`` that is not in ``found`` (no machine has it)."""
     missing = sorted(set(machine_ids) - set(found))
@@ -36,8 +41,8 @@ def cluster_plan_check(*, machine_ids: list[int], head_id: int | None) -> tuple[
         raise ValidationError({"machines": "Pick at least one machine."})
     picked = selectors.candidates(machine_ids)
     refuse_unknown(machine_ids, {c.id for c in picked})
-    if head_id is not None and head_id not in machine_ids:
-        raise ValidationError({"head": "The head must be one of the picked machines."})
+    if head_id is not None:
+        _refuse_head_outside(head_id, machine_ids)
     verdicts = planning.pick_check(picked, selectors.image_builds(), head_id=head_id)
     refusals = [verdicts[c.id].refusal for c in picked if not verdicts[c.id].selectable]
     if refusals:
@@ -52,11 +57,11 @@ def network_probe_start(*, machine_ids: list[int], head_id: int, user=None) -> J
     """Measure every shared network between the head and each other machine (the wizard's live test)."""
     actions.TEST_NETWORKS.offer(roles.acting(user)).check()
     picked = selectors.candidates(machine_ids)
-    refuse_unknown(machine_ids, {c.id for c in picked})
+    found = {c.id for c in picked}
+    refuse_unknown(machine_ids, found)
     if len(picked) < 2:
         raise ValidationError({"machines": "A network test needs at least two machines."})
-    if head_id not in {c.id for c in picked}:
-        raise ValidationError({"head": "The head must be one of the picked machines."})
+    _refuse_head_outside(head_id, found)
     networks = planning.shared_networks(picked)
     if not networks:
         raise ValidationError(planning.NO_SHARED_NETWORK)

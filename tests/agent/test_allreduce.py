@@ -400,8 +400,8 @@ def hwloc_crashed(result) -> bool:
     """Open MPI 4.1.4's mpirun (Debian's, with libhwloc 2.9.0) died of SIGSEGV in hwloc_alloc_setup_object
     as it read the host's topology, in about 1 run of this file in 10 and never in a test run alone; the
     cause is not found (not veth churn in the host's namespace, not stale session directories). The run
-    reports it in the engine's own words, as a user would see it; this file's tests of the launcher,
-    which assert our part, run again once when it happens."""
+    reports it in the engine's own words, as a user would see it; the two-node test of the launcher, which
+    asserts our part, runs again once when it happens (the other mpirun tests here may still meet it)."""
     return result["exit_status"] == 139 and any("hwloc_" in line for line in result["stderr_tail"])
 
 
@@ -501,4 +501,3 @@ def test_a_daemon_that_dies_at_its_start_ends_the_run_at_once(machine):
     assert time.monotonic() - started < allreduce.KILL_GRACE + 10, result
     assert result["timed_out"] is False and result["exit_status"] != 0, (logs, result)
     assert "[vm:01445] *** Process received signal ***" in result["stderr_tail"]
-
