@@ -26,7 +26,8 @@ from console.huggingface import hf_token
 from deployments import downloads, hub, store
 from deployments.models import Copy, Deployment, ModelHolding, StoredModel
 from deployments.models import ModelFile as StoredFile
-from machines.agent_client import Agent, AgentError, FileSpec, ModelFile, ModelSpec, PlacedModel
+from machines.agent_client import Agent, AgentError, FileSpec, ModelFile, ModelSpec
+from machines.agent_results import PlacedModel
 
 KIND = "model.copy"
 ROOM = "Make room on the machines"

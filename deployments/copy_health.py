@@ -22,7 +22,8 @@ from console.jobs import task_enqueue
 from deployments import copy_procs, serving
 from deployments.choices import CopyState
 from deployments.models import Copy
-from machines.agent_client import Agent, AgentError, CopyStatus
+from machines.agent_client import Agent, AgentError
+from machines.agent_results import CopyStatus
 from machines.choices import MachineState
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ from fabric import Connection
 from console.jobs import JobContext, JobError
 from machines import remote, services
 from machines.agent import AgentBuild, Preflight, agent_build, agent_install, machine_preflight
-from machines.agent_client import Agent, HeartbeatStarted
+from machines.agent_client import Agent
+from machines.agent_results import HeartbeatStarted
 from machines.choices import MachineState
 from machines.models import Machine
 

@@ -27,7 +27,7 @@ import base64
 from contextlib import contextmanager
 from pathlib import Path
 
-from machines import agent_client
+from machines import agent_client, agent_results
 from machines.agent_client import AgentError, AgentErrorKind
 
 NCCL_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nccl"
@@ -42,7 +42,7 @@ class FakeAgent:
         return self._fakes.answers.get(self.machine.name, {})
 
     def runtime_status(self):
-        return agent_client._runtime_status(self._answer("runtime_status").get("runtime") or {})
+        return agent_results.runtime_status_from(self._answer("runtime_status").get("runtime") or {})
 
     def ray_status(self, *, head: str, timeout: float = 60):
         answer = self._answer("ray_status", head=head)
@@ -50,12 +50,12 @@ class FakeAgent:
             self._fakes.on_ray_status()
         if "ray" not in answer:
             raise AgentError(answer.get("ray_error", "Ray is not running here."), kind=AgentErrorKind.RETRYABLE)
-        return agent_client._ray_status(answer["ray"])
+        return agent_results.ray_status_from(answer["ray"])
 
     def _ray_started(self, method: str, **kwargs):
         """Ray's node list as a start or a join returns it: ``ray_started`` in the machine's answers, else none."""
         answer = self._answer(method, **kwargs)
-        return agent_client._ray_status(answer.get("ray_started") or {})
+        return agent_results.ray_status_from(answer.get("ray_started") or {})
 
     def ray_start_head(self, **kwargs):
         return self._ray_started("ray_start_head", **kwargs)
@@ -83,17 +83,17 @@ class FakeAgent:
             kind, message = failure
             raise AgentError(message, kind=kind)
 
-    def _place(self, spec, method: str, **kwargs) -> agent_client.PlacedModel:
+    def _place(self, spec, method: str, **kwargs) -> agent_results.PlacedModel:
         self._answer(method, repo=spec.repo, revision=spec.revision, **kwargs)
         self._fail("model_error")
-        placed = agent_client.PlacedModel(
+        placed = agent_results.PlacedModel(
             repo=spec.repo, revision=spec.revision, path=f"/var/lib/fadenstack/models/{spec.repo.replace('/', '--')}/{spec.revision}",
             bytes=sum(f.size for f in spec.files), files=len(spec.files),
             bytes_downloaded=sum(f.size for f in spec.files) if method == "model_download" else 0)
         self._models()[(spec.repo, spec.revision)] = placed
         return placed
 
-    def model_place(self, spec, **kwargs) -> agent_client.PlacedModel:
+    def model_place(self, spec, **kwargs) -> agent_results.PlacedModel:
         return self._place(spec, "model_place")
 
     def model_download(self, spec, *, endpoint: str, token: str = "", timeout: float, on_progress=None, abort=None):
@@ -103,25 +103,25 @@ class FakeAgent:
                 on_progress({"event": "progress", "digest": f.digest, "file": f.path, "bytes": f.size, "total": f.size, "rate": 1})
         return self._place(spec, "model_download", endpoint=endpoint, token=token, timeout=timeout)
 
-    def model_list(self) -> agent_client.ModelList:
+    def model_list(self) -> agent_results.ModelList:
         answer = self._answer("model_list")
-        return agent_client.ModelList(models=tuple(self._models().values()), free_bytes=answer.get("free_bytes", 1 << 40))
+        return agent_results.ModelList(models=tuple(self._models().values()), free_bytes=answer.get("free_bytes", 1 << 40))
 
     def model_remove(self, *, repo: str, revision: str) -> int:
         self._answer("model_remove", repo=repo, revision=revision)
         placed = self._models().pop((repo, revision), None)
         return placed.bytes if placed else 0
 
-    def hub_check(self, url: str, *, timeout: float = 5) -> agent_client.HubCheck:
+    def hub_check(self, url: str, *, timeout: float = 5) -> agent_results.HubCheck:
         self._answer("hub_check", url=url, timeout=timeout)
         self._fail("hub_error")
-        return agent_client.HubCheck(ok=True, status=200, seconds=0.05)
+        return agent_results.HubCheck(ok=True, status=200, seconds=0.05)
 
     def _copies(self) -> dict:
         return self._fakes.copies.setdefault(self.machine.name, {})
 
     def copy_start(self, *, copy: str, cluster: str, env, address: str, argv=None, port: int | None = None,
-                   ray: dict | None = None) -> agent_client.CopyStatus:
+                   ray: dict | None = None) -> agent_results.CopyStatus:
         """The engine starts (a new pid each time), or with ``ray`` a node of the copy's own Ray (a head
         answers its GCS port); ``copy_error`` fails the start."""
         self._answer("copy_start", copy=copy, cluster=cluster, argv=argv, env=env, port=port, address=address, ray=ray)
@@ -132,19 +132,19 @@ class FakeAgent:
         if ray is not None and ray.get("head") is None:
             port = 40000 + self._fakes.pids
         self._copies()[copy] = {"pid": self._fakes.pids, "port": port, "argv": argv, "env": env, "ray": ray}
-        return agent_client.CopyStatus(copy=copy, running=True, healthy=False, pid=self._fakes.pids, port=port, log_tail="")
+        return agent_results.CopyStatus(copy=copy, running=True, healthy=False, pid=self._fakes.pids, port=port, log_tail="")
 
     def copy_stop(self, copy: str, **kwargs) -> None:
         self._answer("copy_stop", copy=copy)
         self._copies().pop(copy, None)
 
-    def copy_list(self) -> list[agent_client.CopyStatus]:
+    def copy_list(self) -> list[agent_results.CopyStatus]:
         """Each copy answers its health, unless ``copy_exited`` names it (then it exited with those words)
         or ``copy_silent`` does (it runs, but its health check goes unanswered)."""
         answer = self._answer("copy_list")
         exited = answer.get("copy_exited", {})  # {copy id or "*": its last lines}
         silent = answer.get("copy_silent", set())
-        return [agent_client.CopyStatus(copy=key, running=not words, healthy=not words and key not in silent,
+        return [agent_results.CopyStatus(copy=key, running=not words, healthy=not words and key not in silent,
                                         pid=c["pid"], port=c["port"], log_tail=words)
                 for key, c in self._copies().items() for words in [exited.get(key) or exited.get("*") or ""]]
 
@@ -152,24 +152,24 @@ class FakeAgent:
         answer = self._answer("host_key")
         return answer.get("host_key") or f"ssh-ed25519 {base64.b64encode(self.machine.name.encode()).decode()}"
 
-    def _node_files_change(self, *, changed: bool) -> agent_client.NodeFilesChange:
+    def _node_files_change(self, *, changed: bool) -> agent_results.NodeFilesChange:
         warnings = tuple(self._fakes.answers.get(self.machine.name, {}).get("node_files_warnings", ()))
-        return agent_client.NodeFilesChange(changed=changed, paths=("/etc/fadenstack/hostfile",) if changed else (),
+        return agent_results.NodeFilesChange(changed=changed, paths=("/etc/fadenstack/hostfile",) if changed else (),
                                             sshd_reloaded="", include_added=False, warnings=warnings, raw={})
 
-    def node_files_write(self, spec) -> agent_client.NodeFilesChange:
+    def node_files_write(self, spec) -> agent_results.NodeFilesChange:
         self._answer("node_files_write", spec=spec)
         self._fail("node_files_error")
         changed = self._fakes.node_files.get(self.machine.name) != spec
         self._fakes.node_files[self.machine.name] = spec
         return self._node_files_change(changed=changed)
 
-    def node_files_remove(self) -> agent_client.NodeFilesChange:
+    def node_files_remove(self) -> agent_results.NodeFilesChange:
         self._answer("node_files_remove")
         self._fail("node_files_error")
         return self._node_files_change(changed=self._fakes.node_files.pop(self.machine.name, None) is not None)
 
-    def allreduce_run(self, spec, *, on_line, abort=None, timeout: float) -> agent_client.AllReduceResult:
+    def allreduce_run(self, spec, *, on_line, abort=None, timeout: float) -> agent_results.AllReduceResult:
         """The recorded output, line by line (the fixture's own ``# Source:`` line is not the program's)."""
         answer = self._answer("allreduce_run", spec=spec, timeout=timeout).get("allreduce") or {}
         self._fail("allreduce_error")
@@ -183,15 +183,15 @@ class FakeAgent:
             on_line(line)
             if self._fakes.on_allreduce_line:
                 self._fakes.on_allreduce_line(index)
-        return agent_client.AllReduceResult(exit_status=answer.get("exit_status", 0), timed_out=answer.get("timed_out", False),
+        return agent_results.AllReduceResult(exit_status=answer.get("exit_status", 0), timed_out=answer.get("timed_out", False),
                                             stderr_tail=tuple(answer.get("stderr_tail", ())))
 
-    def shared_status(self) -> agent_client.SharedStatus:
+    def shared_status(self) -> agent_results.SharedStatus:
         answer = self._answer("shared_status")
         can = {"nfs_export": False, "nfs_mount": False, "sshfs": True, **answer.get("shared_can", {})}
         held = self._fakes.shared.get(self.machine.name) or {}
         mounted = held.get("role") == "node"
-        return agent_client.SharedStatus(
+        return agent_results.SharedStatus(
             mounted=mounted, method=held.get("method", "") if mounted else "", alive=True if mounted else None,
             source=f"root@{held['head']}:/shared" if mounted else "", role=held.get("role", ""), can=can,
             cannot={"nfs_export": "exportfs is not installed (apt-get install nfs-kernel-server)",
@@ -201,10 +201,10 @@ class FakeAgent:
         # Recorded as _answer records, by hand: these calls have a ``method`` of their own.
         self._fakes.calls.append((self.machine.name, called, kwargs))
 
-    def _shared_change(self, *, changed: bool, method: str = "", kept: str = "") -> agent_client.SharedChange:
-        return agent_client.SharedChange(changed=changed, method=method, remounted=False, kept=kept, warnings=(), raw={})
+    def _shared_change(self, *, changed: bool, method: str = "", kept: str = "") -> agent_results.SharedChange:
+        return agent_results.SharedChange(changed=changed, method=method, remounted=False, kept=kept, warnings=(), raw={})
 
-    def shared_export(self, *, method: str, allow_from: str) -> agent_client.SharedChange:
+    def shared_export(self, *, method: str, allow_from: str) -> agent_results.SharedChange:
         self._shared_called("shared_export", method=method, allow_from=allow_from)
         self._fail("shared_error")
         held = {"role": "head", "method": method}
@@ -212,7 +212,7 @@ class FakeAgent:
         self._fakes.shared[self.machine.name] = held
         return self._shared_change(changed=changed, method=method)
 
-    def shared_mount(self, *, head: str, method: str) -> agent_client.SharedChange:
+    def shared_mount(self, *, head: str, method: str) -> agent_results.SharedChange:
         self._shared_called("shared_mount", head=head, method=method)
         self._fail("shared_error")
         held = {"role": "node", "method": method, "head": head}
@@ -220,7 +220,7 @@ class FakeAgent:
         self._fakes.shared[self.machine.name] = held
         return self._shared_change(changed=changed, method=method)
 
-    def shared_unmount(self) -> agent_client.SharedChange:
+    def shared_unmount(self) -> agent_results.SharedChange:
         self._answer("shared_unmount")
         self._fail("shared_error")
         held = self._fakes.shared.pop(self.machine.name, None) or {}

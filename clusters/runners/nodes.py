@@ -21,7 +21,8 @@ from clusters.models import Cluster, ClusterMember
 from clusters.node_files import NodeFilesError, node_files_specs
 from clusters.selectors import cluster_members
 from console.jobs import JobContext, JobError
-from machines.agent_client import AgentErrorKind, NodeFilesChange
+from machines.agent_client import AgentErrorKind
+from machines.agent_results import NodeFilesChange
 from machines.choices import MachineState
 from machines.models import Machine
 from machines.versions import agent_outdated

@@ -22,7 +22,7 @@ from clusters.selectors import cluster_members
 from clusters.transfer import distribute
 from console.jobs import JobCancelled, JobContext, JobError
 from machines.agent import agent_version
-from machines.agent_client import RayStatus
+from machines.agent_results import RayStatus
 from machines.choices import MachineState
 
 

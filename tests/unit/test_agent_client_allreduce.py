@@ -4,7 +4,8 @@ import json
 import pytest
 
 from machines import agent_client, remote
-from machines.agent_client import Agent, AgentErrorKind, AllReduceResult
+from machines.agent_client import Agent, AgentErrorKind
+from machines.agent_results import AllReduceResult
 from machines.models import Machine
 from tests.fakes import FakeAgent, FakeAgents
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from machines import remote
-from machines.agent_client import Agent, AgentError, AgentErrorKind, HubCheck, ModelFile, ModelSpec, PlacedModel
+from machines.agent_client import Agent, AgentError, AgentErrorKind, ModelFile, ModelSpec
+from machines.agent_results import HubCheck, PlacedModel
 from machines.models import Machine
 from tests.fakes import FakeAgents
 

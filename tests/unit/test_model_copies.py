@@ -10,7 +10,8 @@ from console.models import Job
 from deployments import copies, services, store
 from deployments.choices import ModelState
 from deployments.models import ModelFile, ModelHolding, StoredModel
-from machines.agent_client import AgentError, AgentErrorKind, PlacedModel
+from machines.agent_client import AgentError, AgentErrorKind
+from machines.agent_results import PlacedModel
 from tests.builders import cluster_of, gpu_machine
 from tests.factories import UserFactory
 from tests.fakes import FakeAgent, FakeAgents
