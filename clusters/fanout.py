@@ -13,6 +13,7 @@ from django.db import close_old_connections, connections
 from clusters.choices import MemberState
 from clusters.lifecycle import cluster_changed, members_transition
 from clusters.models import Cluster, ClusterMember, Transfer
+from console.choices import ErrorKind
 from console.jobs import JobError
 from console.ticker import Ticker
 from machines.agent_client import Agent, AgentError
@@ -115,7 +116,7 @@ def parallel(members: Sequence[ClusterMember], head: ClusterMember, board: Progr
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(members)))) as pool:
         list(pool.map(lambda m: in_thread(one, m), members))
     for member, exc in failures:
-        if member.pk == head.pk or (exc.kind != "unreachable" and not tolerate_all):
+        if member.pk == head.pk or (exc.kind != ErrorKind.UNREACHABLE and not tolerate_all):
             raise exc
     failed = {m.pk for m, _ in failures}
     return [m for m in members if m.pk not in failed]

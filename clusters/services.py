@@ -27,7 +27,7 @@ from clusters.lifecycle import cluster_changed, cluster_locked, cluster_transiti
 from clusters.models import Cluster, ClusterMember
 from clusters.transfer import transfers_reset
 from console import live, roles
-from console.choices import JOB_ACTIVE
+from console.choices import JOB_ACTIVE, ErrorKind
 from console.jobs import job_start, task_enqueue
 from console.models import Job
 from console.offers import Offer
@@ -202,13 +202,13 @@ def cluster_start_failed(*, cluster: Cluster, message: str, kind: str) -> None:
     message = message.rstrip()
     if message and message[-1] not in ".!?":
         message += "."
-    if kind == "not_retryable":
+    if kind == ErrorKind.NOT_RETRYABLE:
         cluster_transition(
             cluster=cluster, to=ClusterState.WAITING, reason=f"This will not change by retrying: {message} Fix it, then select Try again."
         )
-    elif kind == "address_in_use":
+    elif kind == ErrorKind.ADDRESS_IN_USE:
         cluster_transition(cluster=cluster, to=ClusterState.WAITING, reason=f"{message} Free the port, then select Try again.")
-    elif kind == "no_room":
+    elif kind == ErrorKind.NO_ROOM:
         cluster_transition(cluster=cluster, to=ClusterState.WAITING, reason=f"{message} Make room, then select Try again.")
     elif cluster.restart_attempt:
         outcome = policy.restart_failed(message, attempt=cluster.restart_attempt, attempts=settings.FADEN_RESTART_ATTEMPTS,

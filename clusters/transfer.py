@@ -19,6 +19,7 @@ from clusters import planning
 from clusters.choices import MemberState
 from clusters.fanout import ProgressBoard, in_thread, on_member, offline_reason, parallel
 from clusters.models import Cluster, ClusterMember, Transfer
+from console.choices import ErrorKind
 from console.jobs import JobContext, JobError
 from machines.agent_client import Agent, FileSource, FileSpec
 
@@ -120,7 +121,7 @@ def _fetch(agent: Agent, member: ClusterMember, file: ServerFile, source, board:
         giver = by_machine[source]
         if giver.machine_id not in serving:
             raise JobError(f"{member.machine.name} waits for {file.what} from {giver.machine.name}, which is not reachable.",
-                           kind="unreachable")
+                           kind=ErrorKind.UNREACHABLE)
         origin = FileSource(url=f"http://{giver.address}:{SERVE_PORT}/blobs/{spec.digest}")
         label, watch = f"{giver.machine.name} ({giver.address})", (member.machine_id, giver.machine_id)
     Transfer.objects.update_or_create(member=member, digest=spec.digest,

@@ -1,4 +1,6 @@
 """States of a job: the one record every long operation writes."""
+from enum import StrEnum
+
 from django.db import models
 
 
@@ -20,6 +22,20 @@ JOB_BADGE = {
     JobState.FAILED: "red",
     JobState.CANCELLED: "grey",
 }
+
+
+class ErrorKind(StrEnum):
+    """What a failure says about trying again: a job's ``error_kind``, and the ``kind`` of a ``JobError``, of
+    a failure talking to a machine (``machines.remote.RemoteError``) and of the hub's. The agent's ``error``
+    events use the same words (its ``protocol.ERROR_KINDS``; tests/unit/test_agent_client.py holds them
+    equal), so the kind an agent reports becomes the job's as it is."""
+
+    RETRYABLE = "retryable"  # try again later: the same call may succeed
+    NOT_RETRYABLE = "not_retryable"  # the same cause comes out of every retry: a person must act
+    ADDRESS_IN_USE = "address_in_use"  # a port the command needs is taken
+    NO_ROOM = "no_room"  # the machine's store has no room for the file
+    UNREACHABLE = "unreachable"  # the machine, or the one it fetches from, does not answer
+    BAD_INPUT = "bad_input"  # the server sent something the agent refuses: a bug on our side
 
 
 class StepState(models.TextChoices):

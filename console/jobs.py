@@ -25,7 +25,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from console.choices import JOB_TERMINAL, JobState, StepState
+from console.choices import JOB_TERMINAL, ErrorKind, JobState, StepState
 from console.models import Job
 from console.pruning import delete_in_batches
 from console.ticker import Ticker
@@ -82,7 +82,7 @@ def job_start(
 class JobError(Exception):
     """A failure with a message for the administrator and a kind that decides retries."""
 
-    def __init__(self, message: str, *, kind: str = "retryable"):
+    def __init__(self, message: str, *, kind: str = ErrorKind.RETRYABLE):
         super().__init__(message)
         self.message = message
         self.kind = kind
@@ -221,7 +221,7 @@ def job_run(job_id: int, work: Callable[[JobContext], None], *, on_change: Calla
         _job_end(ctx, JobState.FAILED, StepState.FAILED, error=exc.message, error_kind=exc.kind)
     except Exception as exc:  # noqa: BLE001 - the job must end, whatever broke
         log.exception("job %s (%s) failed", job.pk, job.kind)
-        _job_end(ctx, JobState.FAILED, StepState.FAILED, error=f"Unexpected error: {exc}", error_kind="retryable")
+        _job_end(ctx, JobState.FAILED, StepState.FAILED, error=f"Unexpected error: {exc}", error_kind=ErrorKind.RETRYABLE)
     else:
         _job_end(ctx, JobState.SUCCEEDED, StepState.DONE)
     log.info("job %s (%s) %s in %.1fs", job.pk, job.kind, ctx.job.state, time.monotonic() - started)
@@ -248,7 +248,7 @@ def _job_end(ctx: JobContext, state: str, step_state: str, *, error: str = "", e
         if state != JobState.SUCCEEDED:
             raise
         log.exception("job %s (%s): finishing failed", job.pk, job.kind)
-        message, kind = (exc.message, exc.kind) if isinstance(exc, JobError) else (f"Unexpected error: {exc}", "retryable")
+        message, kind = (exc.message, exc.kind) if isinstance(exc, JobError) else (f"Unexpected error: {exc}", ErrorKind.RETRYABLE)
         _job_end(ctx, JobState.FAILED, StepState.FAILED, error=message, error_kind=kind)
         return
     if updated:

@@ -21,6 +21,7 @@ from clusters.lifecycle import cluster_changed
 from clusters.models import Cluster, ClusterMember, Transfer
 from clusters.transfer import ServerFile, distribute
 from console import live
+from console.choices import ErrorKind
 from console.jobs import JobContext, JobError
 from console.huggingface import hf_token
 from deployments import downloads, hub, store
@@ -93,7 +94,7 @@ def model_copy_run(ctx: JobContext, *, cluster_id: int, model_id: int) -> None:
     members = list(cluster.members.select_related("machine").filter(state=MemberState.JOINED)
                    if cluster.state == ClusterState.RUNNING else cluster.members.select_related("machine"))
     if not members:
-        raise JobError(f"{cluster.name} has no machine to copy {model} to.", kind="not_retryable")
+        raise JobError(f"{cluster.name} has no machine to copy {model} to.", kind=ErrorKind.NOT_RETRYABLE)
     failures = files_to_members(ctx, cluster, model, members)
     ctx.on_success(lambda: cluster_changed(cluster))
     if failures:
@@ -225,7 +226,7 @@ def _make_room(member: ClusterMember, model: StoredModel) -> str | None:
         ModelHolding.objects.filter(machine=member.machine, model__repo=held.repo, model__commit=held.revision).delete()
     if free < need:
         raise JobError(f"{member.machine.name} has {store.gb(free)} free in its store; {model} needs {store.gb(need)}. "
-                       "No model there can be removed to make room.", kind="no_room")
+                       "No model there can be removed to make room.", kind=ErrorKind.NO_ROOM)
     return f"{member.machine.name}: removed {', '.join(removed)} to make room"
 
 

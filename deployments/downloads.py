@@ -16,6 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console import live
+from console.choices import ErrorKind
 from console.jobs import JobContext, JobError
 from console.huggingface import hf_token
 from console.ticker import Ticker
@@ -96,7 +97,7 @@ def model_download_run(ctx: JobContext, *, model_id: int) -> None:
     except OSError as exc:  # a full disk, a folder we may not write: the system's own words
         message = f"The store at {store.root()} could not be written: {exc.strerror or exc}."
         _failed(model, message)
-        raise JobError(message, kind="not_retryable") from None
+        raise JobError(message, kind=ErrorKind.NOT_RETRYABLE) from None
 
 
 def _download(ctx: JobContext, model: StoredModel) -> None:
@@ -105,7 +106,7 @@ def _download(ctx: JobContext, model: StoredModel) -> None:
     listing = hub.listing(model.repo, model.revision, token=token)
     for f in listing.files:
         if problem := store.path_problem(f.path):
-            raise JobError(f"{model.repo}: {problem}", kind="not_retryable")
+            raise JobError(f"{model.repo}: {problem}", kind=ErrorKind.NOT_RETRYABLE)
     rows = _files_record(model, listing)
     todo = [_Todo(row=rows[f.path], hub_file=f) for f in listing.files if not _held(rows[f.path], f)]
     held = listing.size - sum(t.hub_file.size for t in todo)
@@ -115,7 +116,7 @@ def _download(ctx: JobContext, model: StoredModel) -> None:
     on_disk = Meter(model, folder, 0).on_disk() if folder.is_dir() else 0
     store.ensure_dirs()
     if problem := store.room_problem(max(listing.size - held - on_disk, 0)):
-        raise JobError(problem, kind="not_retryable")
+        raise JobError(problem, kind=ErrorKind.NOT_RETRYABLE)
     ctx.detail(f"{store.gb(listing.size - held)} to download; {store.gb(held)} already in the store")
 
     ctx.step(FETCH, f"{len(todo)} of {len(listing.files)} files")
@@ -172,7 +173,7 @@ def _check_and_keep(item: _Todo, path: Path) -> None:
         path.unlink(missing_ok=True)
         raise JobError(f"{f.path} does not match the hub: its {kind} is {found[:12]}… and {hashed.size} bytes, the hub "
                        f"says {expected[:12]}… and {f.size} bytes. Removed it; Try again downloads it anew.",
-                       kind="retryable")
+                       kind=ErrorKind.RETRYABLE)
     store.blob_adopt(path, hashed.sha256)
     ModelFile.objects.filter(pk=item.row.pk).update(sha256=hashed.sha256, chunk_size=store.CHUNK_SIZE,
                                                     chunk_hashes=hashed.chunk_hashes)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from console.choices import ErrorKind
+
 log = logging.getLogger(__name__)
 
 # org/name as the hub allows them: letters, digits, - _ . (no leading/trailing -. or "--", "..").
@@ -26,7 +28,7 @@ TIMEOUT = 30  # seconds for the hub to answer a request (a download's bytes may 
 class HubError(Exception):
     """A refusal or a failure of the hub, in words, with a job error kind."""
 
-    def __init__(self, message: str, *, kind: str = "retryable"):
+    def __init__(self, message: str, *, kind: str = ErrorKind.RETRYABLE):
         super().__init__(message)
         self.message = message
         self.kind = kind
@@ -87,11 +89,11 @@ def listing(repo: str, revision: str, *, token: str | None) -> HubListing:
         lfs = sibling.lfs
         size = lfs.size if lfs else sibling.size
         if size is None:
-            raise HubError(f"The hub did not say how big {repo}'s {sibling.rfilename} is.", kind="not_retryable")
+            raise HubError(f"The hub did not say how big {repo}'s {sibling.rfilename} is.", kind=ErrorKind.NOT_RETRYABLE)
         files.append(HubFile(path=sibling.rfilename, size=int(size), sha256=(lfs.sha256 if lfs else "") or "",
                              blob_id=sibling.blob_id or ""))
     if not files:
-        raise HubError(f"{repo} at {revision} has no files on the hub.", kind="not_retryable")
+        raise HubError(f"{repo} at {revision} has no files on the hub.", kind=ErrorKind.NOT_RETRYABLE)
     return HubListing(repo=repo, revision=revision, commit=info.sha or "", gated=bool(info.gated), files=tuple(files))
 
 
@@ -138,24 +140,24 @@ def _hub_error(exc: Exception, *, repo: str, revision: str, token: str | None, p
     if isinstance(exc, errors.GatedRepoError) or (status in (401, 403) and isinstance(exc, errors.HfHubHTTPError)):
         if not token:
             return HubError(f"{repo} is a gated model: the hub asks for a token. Set the server's Hugging Face token "
-                            "(Settings) with access to it, then Try again.", kind="not_retryable")
+                            "(Settings) with access to it, then Try again.", kind=ErrorKind.NOT_RETRYABLE)
         if status == 401:
             return HubError(f"The hub refused the server's Hugging Face token for {repo}: it is not valid. "
-                            "Replace it in Settings, then Try again.", kind="not_retryable")
+                            "Replace it in Settings, then Try again.", kind=ErrorKind.NOT_RETRYABLE)
         return HubError(f"The server's Hugging Face token has no access to {repo}: request access on the model's "
-                        "page on the hub (or set a token that has it), then Try again.", kind="not_retryable")
+                        "page on the hub (or set a token that has it), then Try again.", kind=ErrorKind.NOT_RETRYABLE)
     if isinstance(exc, errors.RevisionNotFoundError):
-        return HubError(f"{repo} has no revision {revision!r} on the hub at {where}.", kind="not_retryable")
+        return HubError(f"{repo} has no revision {revision!r} on the hub at {where}.", kind=ErrorKind.NOT_RETRYABLE)
     if isinstance(exc, errors.EntryNotFoundError):
-        return HubError(f"{repo} at {revision} has no file {path!r} on the hub any more.", kind="not_retryable")
+        return HubError(f"{repo} at {revision} has no file {path!r} on the hub any more.", kind=ErrorKind.NOT_RETRYABLE)
     if isinstance(exc, errors.RepositoryNotFoundError):
         return HubError(f"There is no model {repo} on the hub at {where} (or it is private and the token cannot "
-                        "see it).", kind="not_retryable")
+                        "see it).", kind=ErrorKind.NOT_RETRYABLE)
     cause = _cause(exc)
     if isinstance(exc, errors.HfHubHTTPError) and status:
         return HubError(f"The hub at {where} answered {status} for {repo}{f' {path}' if path else ''}; try again later.")
     log.info("hub request for %s failed: %s", repo, type(exc).__name__)
-    return HubError(f"Could not reach the hub at {where}: {cause}.", kind="unreachable")
+    return HubError(f"Could not reach the hub at {where}: {cause}.", kind=ErrorKind.UNREACHABLE)
 
 
 def _cause(exc: BaseException) -> str:

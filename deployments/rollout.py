@@ -8,6 +8,7 @@ placed, or does not serve, ends the rollout there: the old copies keep serving, 
 """
 from __future__ import annotations
 
+from console.choices import ErrorKind
 from console.jobs import JobContext, JobError
 from deployments import placement, rooms, serving
 from deployments.asks import ask_of, port_range, slot_json
@@ -23,7 +24,7 @@ def apply_run(ctx: JobContext, *, deployment_id: int) -> None:
         if not serving.another_round(ctx.job):
             break
     if failures:
-        raise JobError("; ".join(failures), kind="not_retryable")
+        raise JobError("; ".join(failures), kind=ErrorKind.NOT_RETRYABLE)
 
 
 def copies_record(deployment: Deployment, plan: placement.Plan, *, first: int) -> list[Copy]:

@@ -30,7 +30,7 @@ from clusters.fanout import each
 from clusters.lifecycle import cluster_changed
 from clusters.models import ClusterMember
 from console import live
-from console.choices import JOB_ACTIVE, JobState
+from console.choices import JOB_ACTIVE, ErrorKind, JobState
 from console.jobs import JobContext, JobError, job_start
 from console.lifecycle import InvalidTransition
 from console.models import Job
@@ -346,7 +346,7 @@ def _wait(ctx: JobContext, deployment: Deployment, started: list[Copy]) -> list[
                 with Agent.open(machine) as agent:
                     listed = {s.copy: s for s in agent.copy_list()}
             except AgentError as exc:
-                return None if exc.kind == "unreachable" else f"{machine.name}: {exc.message}"
+                return None if exc.kind == ErrorKind.UNREACHABLE else f"{machine.name}: {exc.message}"
             for copy in copies:
                 status = listed.get(copy.key)
                 if status is not None and status.healthy:

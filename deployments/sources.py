@@ -17,6 +17,7 @@ from clusters.lifecycle import cluster_changed, cluster_locked
 from clusters.models import Cluster
 from clusters.selectors import cluster_busy
 from console import roles
+from console.choices import ErrorKind
 from console.jobs import JobContext, JobError, job_start
 from console.models import Job
 from console.offers import Offer
@@ -86,7 +87,7 @@ def model_source_check_run(ctx: JobContext, *, cluster_id: int, switch: bool) ->
     if failures:
         keeps = f" {cluster.name} keeps Server copies." if switch else ""
         raise JobError(f"Not every machine reaches the hub at {url}: {'; '.join(sorted(failures))}.{keeps}",
-                       kind="not_retryable")
+                       kind=ErrorKind.NOT_RETRYABLE)
     ctx.detail(f"All {len(members)} machines reach {url}")
     if switch:
         ctx.step(SWITCH)

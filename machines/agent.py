@@ -16,6 +16,7 @@ from pathlib import Path
 from django.conf import settings
 from fabric import Connection
 
+from console.choices import ErrorKind
 from console.files import writer_temporary
 from machines import remote
 
@@ -117,14 +118,14 @@ def machine_preflight(conn: Connection, build: AgentBuild) -> Preflight:
     """Python 3.9 or newer, the agent's place, and whether this build is already installed."""
     result = remote.run(conn, ["python3", "-c", _PREFLIGHT, build.filename])
     if result.exit_status == 127:
-        raise remote.RemoteError("The machine has no python3; the agent needs Python 3.9 or newer.", kind="not_retryable")
+        raise remote.RemoteError("The machine has no python3; the agent needs Python 3.9 or newer.", kind=ErrorKind.NOT_RETRYABLE)
     try:
         found = json.loads(result.stdout)
     except ValueError:
         words = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise remote.RemoteError(f"python3 on the machine failed: {words}", kind="not_retryable") from None
+        raise remote.RemoteError(f"python3 on the machine failed: {words}", kind=ErrorKind.NOT_RETRYABLE) from None
     if not found["supported"]:
-        raise remote.RemoteError(f"The machine has Python {found['version']}; the agent needs 3.9 or newer.", kind="not_retryable")
+        raise remote.RemoteError(f"The machine has Python {found['version']}; the agent needs 3.9 or newer.", kind=ErrorKind.NOT_RETRYABLE)
     return Preflight(
         python=found["python"],
         version=found["version"],

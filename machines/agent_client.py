@@ -17,10 +17,10 @@ import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from fabric import Connection
 
+from console.choices import ErrorKind
 from machines import remote
 from machines.agent_results import (
     AllReduceResult, CopyStatus, HeartbeatStarted, HeartbeatStatus, HubCheck, ModelList, NodeFilesChange, PlacedModel,
@@ -31,19 +31,7 @@ from machines.agent_results import (
 from machines.models import Machine
 from machines.services import machine_target
 
-
-class AgentErrorKind(StrEnum):
-    """The kinds of the agent's ``error`` events (the agent's own list is ``protocol.KINDS``)."""
-
-    RETRYABLE = "retryable"  # try again later: the same call may succeed
-    NOT_RETRYABLE = "not_retryable"  # the same cause comes out of every retry: a person must act
-    ADDRESS_IN_USE = "address_in_use"  # a port the command needs is taken
-    NO_ROOM = "no_room"  # the machine's store has no room for the file
-    UNREACHABLE = "unreachable"  # the machine, or the one it fetches from, does not answer
-    BAD_INPUT = "bad_input"  # the server sent something the agent refuses: a bug on our side
-
-
-AgentError = remote.RemoteError  # what every method raises: ``message`` in words, ``kind`` one of AgentErrorKind
+AgentError = remote.RemoteError  # what every method raises: ``message`` in words, ``kind`` one of ErrorKind
 
 Progress = Callable[[dict], None]
 Abort = Callable[[], str | None]
@@ -106,7 +94,7 @@ class Agent:
     def open(cls, machine: Machine) -> Iterator[Agent]:
         """Connect to the machine (its host key pinned) and hand out its agent."""
         if not machine.agent_path:
-            raise AgentError(f"{machine.name} has no agent yet: refresh its facts.", kind=AgentErrorKind.NOT_RETRYABLE)
+            raise AgentError(f"{machine.name} has no agent yet: refresh its facts.", kind=ErrorKind.NOT_RETRYABLE)
         with remote.connect(machine_target(machine)) as conn:
             yield cls(machine, conn)
 

@@ -14,6 +14,7 @@ import posixpath
 
 from django.db import transaction
 
+from console.choices import ErrorKind
 from console.jobs import JobContext, JobError
 from machines import enrolment, remote, services
 from machines.agent import agent_build
@@ -53,7 +54,7 @@ def machine_update_agent_run(ctx: JobContext, *, machine_id: int) -> None:
         raise JobError(exc.message, kind=exc.kind) from exc
     if reported != build.version:
         raise JobError(f"The agent at {preflight.path} reports version {reported or 'nothing'}, not {build.version}.",
-                       kind="not_retryable")
+                       kind=ErrorKind.NOT_RETRYABLE)
     if not heartbeat.running or heartbeat.version != build.version:
         now = f"runs agent {heartbeat.version or 'unknown'}" if heartbeat.running else "is not running"
         raise JobError(f"The heartbeat {now} after its restart, not agent {build.version}; "

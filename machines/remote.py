@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
 from fabric import Config, Connection
 
+from console.choices import ErrorKind
 from console.files import write_once, writer_temporary
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 class RemoteError(Exception):
     """A failure talking to a machine, in words for the administrator; ``kind`` decides retries."""
 
-    def __init__(self, message: str, *, kind: str = "retryable"):
+    def __init__(self, message: str, *, kind: str = ErrorKind.RETRYABLE):
         super().__init__(message)
         self.message = message
         self.kind = kind
@@ -47,7 +48,7 @@ class HostKeyMismatch(RemoteError):
             f"The host key of {address} changed: the console trusts {pinned}, the machine offered {offered}. "
             "This happens after a reinstall, or when something else answers at this address. "
             "If you know why, accept the new key on the machine's page.",
-            kind="not_retryable",
+            kind=ErrorKind.NOT_RETRYABLE,
         )
         self.pinned = pinned
         self.offered = offered
@@ -111,14 +112,14 @@ def scan_host_key(address: str, port: int) -> str:
     try:
         sock = socket.create_connection((address, port), timeout=timeout)
     except OSError as exc:
-        raise RemoteError(f"Could not reach {address} port {port}: {exc.strerror or exc}.", kind="unreachable") from exc
+        raise RemoteError(f"Could not reach {address} port {port}: {exc.strerror or exc}.", kind=ErrorKind.UNREACHABLE) from exc
     transport = paramiko.Transport(sock)
     transport.banner_timeout = timeout
     try:
         transport.start_client(timeout=timeout)
         return fingerprint(transport.get_remote_server_key())
     except (paramiko.SSHException, OSError, EOFError) as exc:
-        raise RemoteError(f"{address} port {port} did not answer as an SSH server: {exc}.", kind="unreachable") from exc
+        raise RemoteError(f"{address} port {port} did not answer as an SSH server: {exc}.", kind=ErrorKind.UNREACHABLE) from exc
     finally:
         transport.close()
 
@@ -139,7 +140,7 @@ class _PinnedHostKey(paramiko.MissingHostKeyPolicy):
 def connect(target: Target) -> Iterator[Connection]:
     """An open Fabric connection to the machine, its host key checked against the pinned one."""
     if not target.fingerprint:
-        raise RemoteError("The machine's host key has not been confirmed yet.", kind="not_retryable")
+        raise RemoteError("The machine's host key has not been confirmed yet.", kind=ErrorKind.NOT_RETRYABLE)
     timeout = settings.FADEN_SSH_CONNECT_TIMEOUT
     config = Config(overrides={"load_ssh_configs": False, "connect_kwargs": {}})
     conn = Connection(
@@ -168,12 +169,12 @@ def connect(target: Target) -> Iterator[Connection]:
         raise RemoteError(
             f"{target.user}@{target.address} did not accept the console's key. "
             "Add the console's public key (on the Add a machine page) to that user's ~/.ssh/authorized_keys.",
-            kind="not_retryable",
+            kind=ErrorKind.NOT_RETRYABLE,
         ) from exc
     except (socket.timeout, TimeoutError) as exc:
-        raise RemoteError(f"{target.address} port {target.port} did not answer within {timeout} s.", kind="unreachable") from exc
+        raise RemoteError(f"{target.address} port {target.port} did not answer within {timeout} s.", kind=ErrorKind.UNREACHABLE) from exc
     except (paramiko.SSHException, OSError, EOFError) as exc:
-        raise RemoteError(f"Could not connect to {target.address} port {target.port}: {exc}.", kind="unreachable") from exc
+        raise RemoteError(f"Could not connect to {target.address} port {target.port}: {exc}.", kind=ErrorKind.UNREACHABLE) from exc
     try:
         yield conn
     finally:
@@ -231,7 +232,7 @@ def run_agent(
     if outcome.get("event") == "result":
         return outcome
     if outcome.get("event") == "error":
-        raise RemoteError(outcome.get("message", "The agent failed without saying why."), kind=outcome.get("kind", "retryable"))
+        raise RemoteError(outcome.get("message", "The agent failed without saying why."), kind=outcome.get("kind", ErrorKind.RETRYABLE))
     words = (result.stderr.strip().splitlines() or ["no output"])[-1]
     raise RemoteError(f"The agent stopped with exit status {result.exit_status}: {words}")
 
@@ -250,13 +251,13 @@ def _exec(
             channel.sendall(stdin)
         channel.shutdown_write()
     except (paramiko.SSHException, OSError) as exc:
-        raise RemoteError(f"Could not run {argv[0]} on {conn.host}: {exc}.", kind="unreachable") from exc
+        raise RemoteError(f"Could not run {argv[0]} on {conn.host}: {exc}.", kind=ErrorKind.UNREACHABLE) from exc
     deadline = time.monotonic() + timeout
     buffer, stderr = b"", b""
     while True:
         if time.monotonic() > deadline:
             channel.close()
-            raise RemoteError(f"{argv[0]} on {conn.host} did not finish within {timeout:.0f} s.", kind="retryable")
+            raise RemoteError(f"{argv[0]} on {conn.host} did not finish within {timeout:.0f} s.", kind=ErrorKind.RETRYABLE)
         while channel.recv_stderr_ready():
             stderr = (stderr + channel.recv_stderr(65536))[-65536:]
         try:
@@ -264,7 +265,7 @@ def _exec(
         except socket.timeout:
             if abort and (reason := abort()):
                 channel.close()
-                raise RemoteError(reason, kind="unreachable") from None
+                raise RemoteError(reason, kind=ErrorKind.UNREACHABLE) from None
             continue
         if not chunk:  # stdout closed: the command is ending
             break
@@ -276,7 +277,7 @@ def _exec(
         on_line(buffer.decode(errors="replace"))
     if not channel.status_event.wait(max(0.1, deadline - time.monotonic())):
         channel.close()
-        raise RemoteError(f"{argv[0]} on {conn.host} did not finish within {timeout:.0f} s.", kind="retryable")
+        raise RemoteError(f"{argv[0]} on {conn.host} did not finish within {timeout:.0f} s.", kind=ErrorKind.RETRYABLE)
     while channel.recv_stderr_ready():
         stderr += channel.recv_stderr(65536)
     status = channel.recv_exit_status()
@@ -293,7 +294,7 @@ def console_url(conn: Connection, seen_as: str = "") -> str:
         seen_as = ipaddress.ip_address(seen_as)
     except ValueError as exc:
         raise RemoteError(
-            "Could not tell the console's address as the machine sees it; set FADEN_CONSOLE_URL.", kind="not_retryable"
+            "Could not tell the console's address as the machine sees it; set FADEN_CONSOLE_URL.", kind=ErrorKind.NOT_RETRYABLE
         ) from exc
     host = f"[{seen_as}]" if seen_as.version == 6 else str(seen_as)
     return f"http://{host}:{settings.FADEN_WEB_PORT}"

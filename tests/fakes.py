@@ -27,8 +27,9 @@ import base64
 from contextlib import contextmanager
 from pathlib import Path
 
+from console.choices import ErrorKind
 from machines import agent_client, agent_results
-from machines.agent_client import AgentError, AgentErrorKind
+from machines.agent_client import AgentError
 
 NCCL_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nccl"
 
@@ -49,7 +50,7 @@ class FakeAgent:
         if self._fakes.on_ray_status:
             self._fakes.on_ray_status()
         if "ray" not in answer:
-            raise AgentError(answer.get("ray_error", "Ray is not running here."), kind=AgentErrorKind.RETRYABLE)
+            raise AgentError(answer.get("ray_error", "Ray is not running here."), kind=ErrorKind.RETRYABLE)
         return agent_results.ray_status_from(answer["ray"])
 
     def _ray_started(self, method: str, **kwargs):
@@ -179,7 +180,7 @@ class FakeAgent:
             lines = [line for line in text.splitlines() if not line.startswith("# Source:")]
         for index, line in enumerate(lines):
             if abort and (reason := abort()):
-                raise AgentError(reason, kind=AgentErrorKind.UNREACHABLE)
+                raise AgentError(reason, kind=ErrorKind.UNREACHABLE)
             on_line(line)
             if self._fakes.on_allreduce_line:
                 self._fakes.on_allreduce_line(index)
@@ -248,7 +249,7 @@ class FakeAgents:
     def open(self, machine):
         error = self.answers.get(machine.name, {}).get("error")
         if error:
-            raise AgentError(error, kind=AgentErrorKind.UNREACHABLE)
+            raise AgentError(error, kind=ErrorKind.UNREACHABLE)
         yield FakeAgent(self, machine)
 
     def install(self, monkeypatch) -> FakeAgents:

@@ -20,8 +20,8 @@ from clusters.fanout import Outcome, on_every_agent
 from clusters.models import Cluster, ClusterMember
 from clusters.node_files import NodeFilesError, node_files_specs
 from clusters.selectors import cluster_members
+from console.choices import ErrorKind
 from console.jobs import JobContext, JobError
-from machines.agent_client import AgentErrorKind
 from machines.agent_results import NodeFilesChange
 from machines.choices import MachineState
 from machines.models import Machine
@@ -50,14 +50,14 @@ def _sort_out(members: list[ClusterMember], outcomes: dict[int, Outcome], ctx: J
         _, error = outcomes[member.machine_id]
         if error is None:
             answered.append(member)
-        elif error.kind == AgentErrorKind.UNREACHABLE and member.role != Role.HEAD:
+        elif error.kind == ErrorKind.UNREACHABLE and member.role != Role.HEAD:
             ctx.log(f"{member.machine.name} did not answer ({error.message.rstrip('.')}): "
                     "its node settings are written when it joins again.")
         else:
             failures.append(f"{member.machine.name}: {error.message}")
             kinds.add(str(error.kind))
     if failures:
-        raise JobError(" ".join(failures), kind="not_retryable" if "not_retryable" in kinds else "retryable")
+        raise JobError(" ".join(failures), kind=ErrorKind.NOT_RETRYABLE if ErrorKind.NOT_RETRYABLE in kinds else ErrorKind.RETRYABLE)
     return answered
 
 
@@ -81,7 +81,7 @@ def node_settings_write(ctx: JobContext, cluster: Cluster) -> None:
     try:
         specs = node_files_specs(cluster, host_keys={m.machine.name: keys[m.machine_id][0] for m in answered})
     except (NotConnectable, NodeFilesError) as exc:
-        raise JobError(str(exc), kind="not_retryable") from None
+        raise JobError(str(exc), kind=ErrorKind.NOT_RETRYABLE) from None
     writable = [m for m in answered if m not in old]
     ctx.detail(f"Writing on {len(writable)} of {len(members)} machine(s)")
     written = on_every_agent([m.machine for m in writable], lambda agent: agent.node_files_write(specs[agent.machine.name]))

@@ -11,8 +11,9 @@ from clusters import planning
 from clusters.models import NetworkMeasurement
 from clusters.selectors import candidates
 from console import live
+from console.choices import ErrorKind
 from console.jobs import JobContext
-from machines.agent_client import Agent, AgentError, AgentErrorKind
+from machines.agent_client import Agent, AgentError
 from machines.models import Machine
 
 PROBE_PORT = 7471
@@ -82,7 +83,7 @@ def _send_when_listening(agent: Agent, target_address: str) -> float:
         try:
             return agent.probe_send(to=target_address, port=PROBE_PORT, seconds=settings.FADEN_PROBE_SECONDS)
         except AgentError as exc:
-            if exc.kind != AgentErrorKind.UNREACHABLE:
+            if exc.kind != ErrorKind.UNREACHABLE:
                 raise
             last = exc
             threading.Event().wait(0.25)  # the server's SSH session is still starting

@@ -19,8 +19,9 @@ from clusters.fanout import on_every_agent, on_member
 from clusters.models import Cluster, ClusterMember
 from clusters.selectors import cluster_members
 from clusters.shared_files import NONE, Abilities, SharedChoice, shared_method
+from console.choices import ErrorKind
 from console.jobs import JobContext, JobError
-from machines.agent_client import AgentError, AgentErrorKind
+from machines.agent_client import AgentError
 from machines.choices import MachineState
 from machines.versions import agent_outdated
 
@@ -99,7 +100,7 @@ def shared_files_share(ctx: JobContext, cluster: Cluster, *, keep_method: bool =
         _, error = outcomes[member.machine_id]
         if error is not None:
             failed[member.machine.name] = _words(error)
-            hint = " (it did not answer)" if error.kind == AgentErrorKind.UNREACHABLE else ""
+            hint = " (it did not answer)" if error.kind == ErrorKind.UNREACHABLE else ""
             ctx.log(f"{member.machine.name} could not mount /shared from {head.machine.name}{hint}: {_words(error)}.")
     for name, why in choice.left_out.items():
         if choice.method != NONE:

@@ -20,6 +20,7 @@ from clusters.runners.nodes import node_settings_write
 from clusters.runners.shared import shared_files_share
 from clusters.selectors import cluster_members
 from clusters.transfer import distribute
+from console.choices import ErrorKind
 from console.jobs import JobCancelled, JobContext, JobError
 from machines.agent import agent_version
 from machines.agent_results import RayStatus
@@ -48,7 +49,7 @@ def cluster_start_run(ctx: JobContext, *, cluster_id: int) -> None:
         raise  # a stop or a delete took over: the cluster reads what they say
     except Exception as exc:
         # Whatever broke, the cluster must not stay Starting without a job behind it.
-        message, kind = (exc.message, exc.kind) if isinstance(exc, JobError) else (f"Unexpected error: {exc}", "retryable")
+        message, kind = (exc.message, exc.kind) if isinstance(exc, JobError) else (f"Unexpected error: {exc}", ErrorKind.RETRYABLE)
         with transaction.atomic():
             cluster.refresh_from_db()
             if cluster.state == ClusterState.STARTING:
@@ -106,7 +107,7 @@ def start_abandoned(job) -> None:
     """The reaper gave up on a start: the cluster goes the way a failed start goes."""
     cluster = Cluster.objects.filter(pk=job.target_id).first()
     if cluster is not None and cluster.state == ClusterState.STARTING:
-        services.cluster_start_failed(cluster=cluster, message=job.error, kind="retryable")
+        services.cluster_start_failed(cluster=cluster, message=job.error, kind=ErrorKind.RETRYABLE)
 
 
 def members_abandoned(job) -> None:
@@ -200,7 +201,7 @@ def _check_agents(members: list[ClusterMember]) -> None:
     if old:
         one = len(old) == 1
         raise JobError(f"{', '.join(old)} {'runs' if one else 'run'} another agent than this console's {version}: "
-                       f"select Refresh facts on {'its' if one else 'their'} page, then Try again.", kind="not_retryable")
+                       f"select Refresh facts on {'its' if one else 'their'} page, then Try again.", kind=ErrorKind.NOT_RETRYABLE)
 
 
 def _check_images_held(members: list[ClusterMember]) -> None:
@@ -208,12 +209,12 @@ def _check_images_held(members: list[ClusterMember]) -> None:
     for member in members:
         image = member.runtime_image
         if image is None:
-            raise JobError(f"No certified runtime image runs on {member.machine.name}.", kind="not_retryable")
+            raise JobError(f"No certified runtime image runs on {member.machine.name}.", kind=ErrorKind.NOT_RETRYABLE)
         if not images.runtime_image_held(image):
             raise JobError(
                 f"The server holds a different build of {image} than the cluster needs (sha256 {image.digest[:12]}…). "
                 "Run faden runtime-images --check on the server and fetch what is missing.",
-                kind="not_retryable",
+                kind=ErrorKind.NOT_RETRYABLE,
             )
 
 
@@ -229,12 +230,12 @@ def _drop_unusable(members: list[ClusterMember], head: ClusterMember) -> list[Cl
         if machine.state == MachineState.HEALTHY:  # no retry installs Docker: a person must
             reason = machine.no_runtime()
             if member is head:
-                raise JobError(reason, kind="not_retryable")
+                raise JobError(reason, kind=ErrorKind.NOT_RETRYABLE)
         else:
             why = f" ({machine.state_reason.rstrip('.')})" if machine.state_reason else ""
             reason = f"{machine.name} is {machine.get_state_display().lower()}{why}."
             if member is head:
-                raise JobError(f"The head {reason}", kind="retryable")
+                raise JobError(f"The head {reason}", kind=ErrorKind.RETRYABLE)
         member_transition(member, to=MemberState.FAILED, reason=reason)
     return usable
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from console.choices import ErrorKind
 from machines import agent_client, remote
-from machines.agent_client import Agent, AgentErrorKind, FileSource, FileSpec
+from machines.agent_client import Agent, FileSource, FileSpec
 from machines.models import Machine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "agent"))
@@ -15,7 +16,7 @@ from fadenstack_agent import protocol  # noqa: E402 - the agent's package, read 
 
 
 def test_the_error_kinds_are_the_agent_s_own_list():
-    assert tuple(kind.value for kind in AgentErrorKind) == protocol.ERROR_KINDS
+    assert tuple(kind.value for kind in ErrorKind) == protocol.ERROR_KINDS
 
 
 class Sent:
@@ -117,4 +118,4 @@ def test_a_machine_without_an_agent_is_refused_before_any_connection(monkeypatch
     with pytest.raises(agent_client.AgentError, match="gpu-a has no agent yet") as refused:
         with Agent.open(Machine(name="gpu-a")):
             pass
-    assert refused.value.kind == AgentErrorKind.NOT_RETRYABLE
+    assert refused.value.kind == ErrorKind.NOT_RETRYABLE

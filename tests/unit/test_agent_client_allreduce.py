@@ -3,8 +3,9 @@ import json
 
 import pytest
 
+from console.choices import ErrorKind
 from machines import agent_client, remote
-from machines.agent_client import Agent, AgentErrorKind
+from machines.agent_client import Agent
 from machines.agent_results import AllReduceResult
 from machines.models import Machine
 from tests.fakes import FakeAgent, FakeAgents
@@ -53,4 +54,4 @@ def test_the_fake_stops_when_abort_gives_a_reason():
         FakeAgent(fakes, Box()).allreduce_run(SPEC, on_line=lines.append, abort=lambda: "Stopped by ann." if lines[1:] else None,
                                               timeout=60)
     assert lines == ["one", "two"]
-    assert (stopped.value.message, stopped.value.kind) == ("Stopped by ann.", AgentErrorKind.UNREACHABLE)
+    assert (stopped.value.message, stopped.value.kind) == ("Stopped by ann.", ErrorKind.UNREACHABLE)

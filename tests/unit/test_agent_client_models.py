@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from console.choices import ErrorKind
 from machines import remote
-from machines.agent_client import Agent, AgentError, AgentErrorKind, ModelFile, ModelSpec
+from machines.agent_client import Agent, AgentError, ModelFile, ModelSpec
 from machines.agent_results import HubCheck, PlacedModel
 from machines.models import Machine
 from tests.fakes import FakeAgents
@@ -106,7 +107,7 @@ def test_the_agent_parses_every_model_command_line_the_client_sends(monkeypatch,
 
 
 def test_the_fake_agent_keeps_placed_models_until_removed_and_fails_on_request():
-    fakes = FakeAgents({"gpu-b": {"hub_error": (AgentErrorKind.UNREACHABLE, "connection refused")}})
+    fakes = FakeAgents({"gpu-b": {"hub_error": (ErrorKind.UNREACHABLE, "connection refused")}})
     with fakes.open(Machine(name="gpu-a")) as agent:
         agent.model_download(SPEC, endpoint="http://hub", token=TOKEN, timeout=60)
         assert [m.repo for m in agent.model_list().models] == ["org/tiny"]
@@ -114,4 +115,4 @@ def test_the_fake_agent_keeps_placed_models_until_removed_and_fails_on_request()
         assert agent.model_list().models == () and agent.model_remove(repo="org/tiny", revision="ab" * 20) == 0
     with fakes.open(Machine(name="gpu-b")) as agent, pytest.raises(AgentError, match="connection refused") as failed:
         agent.hub_check("http://hub")
-    assert failed.value.kind == AgentErrorKind.UNREACHABLE
+    assert failed.value.kind == ErrorKind.UNREACHABLE

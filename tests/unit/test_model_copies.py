@@ -6,11 +6,12 @@ from django.core.exceptions import ValidationError
 from clusters.choices import ClusterState, MemberState, ModelSource
 from clusters.models import Transfer
 from console import roles
+from console.choices import ErrorKind
 from console.models import Job
 from deployments import copies, services, store
 from deployments.choices import ModelState
 from deployments.models import ModelFile, ModelHolding, StoredModel
-from machines.agent_client import AgentError, AgentErrorKind
+from machines.agent_client import AgentError
 from machines.agent_results import PlacedModel
 from tests.builders import cluster_of, gpu_machine
 from tests.factories import UserFactory
@@ -130,7 +131,7 @@ def test_a_machine_the_files_do_not_reach_is_named_and_keeps_its_place_in_the_cl
 
     def fetch(agent, spec, source, **kwargs):
         if agent.machine.name == "lab-b":
-            raise AgentError("the source stopped answering", kind=AgentErrorKind.UNREACHABLE)
+            raise AgentError("the source stopped answering", kind=ErrorKind.UNREACHABLE)
         return whole(agent, spec, source, **kwargs)
 
     monkeypatch.setattr(FakeAgent, "file_fetch", fetch)
