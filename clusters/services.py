@@ -28,7 +28,7 @@ from clusters.models import Cluster, ClusterMember
 from clusters.transfer import transfers_reset
 from console import live, roles
 from console.choices import JOB_ACTIVE, ErrorKind
-from console.jobs import job_start, task_enqueue
+from console.jobs import Operation, job_start, task_enqueue
 from console.models import Job
 from console.offers import Offer
 from machines.choices import MachineState
@@ -100,7 +100,7 @@ def _actions(cluster: Cluster, user) -> dict[str, Offer]:
     return actions.cluster_actions(cluster, selectors.cluster_busy(cluster), role=roles.acting(user))
 
 
-def _cluster_job(cluster: Cluster, operation: steps.Operation, *, title: str, user=None, params: dict | None = None) -> Job:
+def _cluster_job(cluster: Cluster, operation: Operation, *, title: str, user=None, params: dict | None = None) -> Job:
     job = job_start(kind=operation.kind, title=title, target_type="cluster", target_id=cluster.pk, steps=operation.step_names,
                     user=user, params=params)
     cluster_changed(cluster)

@@ -1,4 +1,5 @@
-"""Every operation on a cluster, as a job kind and its steps, defined once.
+"""Every operation on a cluster, as a job kind and its steps, defined once (``console.jobs``'s
+``Step`` and ``Operation``).
 
 The service names the steps up front (the job's card shows them all before
 they run); the runner begins each one through the same object, and a job taken
@@ -7,36 +8,7 @@ sides use these objects, so a step cannot be renamed on one side only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from console.jobs import JobContext
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str  # what the job's card shows
-
-    def begin(self, ctx: JobContext, detail: str = "") -> bool:
-        """Start the step on the job's card; False when an earlier run of this job finished it (skip it)."""
-        if ctx.done(self.name):
-            return False
-        ctx.step(self.name, detail)
-        return True
-
-    def always(self, ctx: JobContext, detail: str = "") -> None:
-        """Start a step that runs again on every run of the job (a look at Ray, say)."""
-        ctx.step(self.name, detail)
-
-
-@dataclass(frozen=True)
-class Operation:
-    kind: str  # the job's kind: runners.RUNNERS and the reaper know it by this
-    steps: tuple[Step, ...]
-
-    @property
-    def step_names(self) -> list[str]:
-        return [step.name for step in self.steps]
-
+from console.jobs import Operation, Step
 
 STOP_RAY = Step("Stop Ray on every machine")
 GET_IMAGE = Step("Get the runtime image")

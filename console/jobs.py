@@ -10,6 +10,10 @@ A running job whose beat is older than ``FADEN_JOB_STALE`` lost its worker:
 the reaper hands a resumable kind (``job_kind_register``) to a worker again,
 where the steps already done are skipped (``JobContext.done``), and fails any
 other kind with a reason. No job stays running without a live worker.
+
+Each app names its jobs' steps once, as ``Step`` objects grouped in an
+``Operation`` (a kind and its steps): the service starts the job with the
+operation's step names, the runner begins each step through its object.
 """
 from __future__ import annotations
 
@@ -174,6 +178,37 @@ class JobContext:
             if started := step.get("started_at"):
                 step["seconds"] = round((timezone.now() - datetime.fromisoformat(started)).total_seconds(), 1)
             self._current = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a job, named once: the service lists it up front (the job's card shows every step before
+    they run) and the runner begins it through the same object, so a step cannot be renamed on one side only."""
+
+    name: str  # what the job's card shows
+
+    def begin(self, ctx: JobContext, detail: str = "") -> bool:
+        """Start the step on the job's card; False when an earlier run of this job finished it (skip it)."""
+        if ctx.done(self.name):
+            return False
+        ctx.step(self.name, detail)
+        return True
+
+    def always(self, ctx: JobContext, detail: str = "") -> None:
+        """Start a step that runs again on every run of the job (a look at Ray, say)."""
+        ctx.step(self.name, detail)
+
+
+@dataclass(frozen=True)
+class Operation:
+    """A kind of job and its steps in order: what ``job_start`` writes up front (``step_names``)."""
+
+    kind: str  # the job's kind: job_kind_register and the reaper know it by this
+    steps: tuple[Step, ...]
+
+    @property
+    def step_names(self) -> list[str]:
+        return [step.name for step in self.steps]
 
 
 def _stale_before():

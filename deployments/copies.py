@@ -22,7 +22,7 @@ from clusters.models import Cluster, ClusterMember, Transfer
 from clusters.transfer import ServerFile, distribute
 from console import live
 from console.choices import ErrorKind
-from console.jobs import JobContext, JobError
+from console.jobs import JobContext, JobError, Operation, Step
 from console.huggingface import hf_token
 from deployments import downloads, hub, store
 from deployments.models import Copy, Deployment, ModelHolding, StoredModel
@@ -31,16 +31,17 @@ from machines.agent_client import Agent, AgentError, FileSpec, ModelFile, ModelS
 from machines.agent_results import PlacedModel
 
 KIND = "model.copy"
-ROOM = "Make room on the machines"
-COPY = "Copy the files"
-DOWNLOAD = "Download on each machine"
-PLACE = "Place the model"
+ROOM = Step("Make room on the machines")
+COPY = Step("Copy the files")
+DOWNLOAD = Step("Download on each machine")
+PLACE = Step("Place the model")
 
 TOKEN_SALT = "model-file"
 
 
-def copy_steps(cluster: Cluster) -> tuple[str, ...]:
-    return (ROOM, DOWNLOAD if cluster.model_source == ModelSource.MACHINES else COPY, PLACE)
+def copy_operation(cluster: Cluster) -> Operation:
+    """The copy job's steps: the files come from the server, or each machine downloads them (its model source)."""
+    return Operation(KIND, (ROOM, DOWNLOAD if cluster.model_source == ModelSource.MACHINES else COPY, PLACE))
 
 
 # -- the first copy's download token ------------------------------------------------------------
@@ -110,7 +111,7 @@ def files_to_members(ctx: JobContext, cluster: Cluster, model: StoredModel, memb
     spec = model_spec(model)
 
     if steps:
-        ctx.step(ROOM)
+        ROOM.always(ctx)
     freed = [line for line in each(members, lambda m: _make_room(m, model)) if line]
     ctx.detail("; ".join(freed) if freed else "Every machine has room")
 
@@ -119,16 +120,16 @@ def files_to_members(ctx: JobContext, cluster: Cluster, model: StoredModel, memb
     with board:
         if cluster.model_source == ModelSource.MACHINES:
             if steps:
-                ctx.step(DOWNLOAD, hub.endpoint())
+                DOWNLOAD.always(ctx, hub.endpoint())
             done = parallel(members, head, board, lambda m, b: _download(m, model, spec, b), tolerate_all=True,
                             fail_state=None, failed=failed)
         else:
             if steps:
-                ctx.step(COPY)
+                COPY.always(ctx)
             done = distribute(ctx, cluster, members, head, board, lambda m: server_files(model, m),
                               receiving_state=None, failed=failed)
     if steps:
-        ctx.step(PLACE)
+        PLACE.always(ctx)
     # A stopped cluster's machines serve nothing once the copy is done (a running one's serve the next joiner).
     stop_serving = cluster.state != ClusterState.RUNNING
 
@@ -243,14 +244,15 @@ def files_forgotten(machine, model: StoredModel) -> None:
 
 
 REMOVE_KIND = "model.remove"
-REMOVE = "Remove the files from the machines"
+REMOVE_FILES = Step("Remove the files from the machines")
+REMOVE = Operation(REMOVE_KIND, (REMOVE_FILES,))
 
 
 def model_remove_run(ctx: JobContext, *, model_id: int, machine_ids: list[int]) -> None:
     """Remove the model's files from those machines (its other models' files stay)."""
     model = StoredModel.objects.get(pk=model_id)
     holdings = list(model.holdings.select_related("machine").filter(machine_id__in=machine_ids))
-    ctx.step(REMOVE, ", ".join(h.machine.name for h in holdings))
+    REMOVE_FILES.always(ctx, ", ".join(h.machine.name for h in holdings))
     failures = []
     for holding in holdings:
         try:

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from console import live
 from console.choices import ErrorKind
-from console.jobs import JobContext, JobError
+from console.jobs import JobContext, JobError, Operation, Step
 from console.huggingface import hf_token
 from console.ticker import Ticker
 from deployments import facts, hub, store
@@ -25,12 +25,12 @@ from deployments.choices import ModelState
 from deployments.models import ModelFile, StoredModel
 
 KIND = "model.download"
-LIST = "Ask the hub for the files"
-ROOM = "Check the room in the store"
-FETCH = "Download the files"
-CHECK = "Check every file's digest"
-FACTS = "Read what the files say"
-STEPS = (LIST, ROOM, FETCH, CHECK, FACTS)
+LIST = Step("Ask the hub for the files")
+ROOM = Step("Check the room in the store")
+FETCH = Step("Download the files")
+CHECK = Step("Check every file's digest")
+FACTS = Step("Read what the files say")
+DOWNLOAD = Operation(KIND, (LIST, ROOM, FETCH, CHECK, FACTS))
 
 PUSH_EVERY = 0.5
 
@@ -102,7 +102,7 @@ def model_download_run(ctx: JobContext, *, model_id: int) -> None:
 
 def _download(ctx: JobContext, model: StoredModel) -> None:
     token = hf_token()
-    ctx.step(LIST, hub.endpoint())
+    LIST.always(ctx, hub.endpoint())
     listing = hub.listing(model.repo, model.revision, token=token)
     for f in listing.files:
         if problem := store.path_problem(f.path):
@@ -112,14 +112,14 @@ def _download(ctx: JobContext, model: StoredModel) -> None:
     held = listing.size - sum(t.hub_file.size for t in todo)
 
     folder = store.downloads_dir(model.pk)
-    ctx.step(ROOM)
+    ROOM.always(ctx)
     on_disk = Meter(model, folder, 0).on_disk() if folder.is_dir() else 0
     store.ensure_dirs()
     if problem := store.room_problem(max(listing.size - held - on_disk, 0)):
         raise JobError(problem, kind=ErrorKind.NOT_RETRYABLE)
     ctx.detail(f"{store.gb(listing.size - held)} to download; {store.gb(held)} already in the store")
 
-    ctx.step(FETCH, f"{len(todo)} of {len(listing.files)} files")
+    FETCH.always(ctx, f"{len(todo)} of {len(listing.files)} files")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     downloaded: list[tuple[_Todo, Path]] = []
     with Meter(model, folder, held):
@@ -127,11 +127,11 @@ def _download(ctx: JobContext, model: StoredModel) -> None:
             ctx.check_cancel()
             downloaded.append((item, hub.download(listing, item.hub_file, into=folder, token=token)))
 
-    ctx.step(CHECK)
+    CHECK.always(ctx)
     for item, path in downloaded:
         _check_and_keep(item, path)
 
-    ctx.step(FACTS)
+    FACTS.always(ctx)
     _finish(model, folder)
 
 

@@ -77,7 +77,7 @@ def model_delete(model: StoredModel, *, user=None) -> None:
 
 def _download_start(model: StoredModel, user) -> Job:
     return job_start(kind=downloads.KIND, title=f"Download {model}", target_type="model", target_id=model.pk,
-                     steps=downloads.STEPS, user=user)
+                     steps=downloads.DOWNLOAD.step_names, user=user)
 
 
 def _user(user):
@@ -102,7 +102,8 @@ def model_copy(model: StoredModel, cluster, *, user=None) -> Job:
         if refusal := actions.agents_refusal(cluster):
             raise ValidationError(refusal)
         return job_start(kind=copies.KIND, title=f"Copy {model} to {cluster.name}'s machines", target_type="cluster",
-                         target_id=cluster.pk, steps=copies.copy_steps(cluster), user=user, params={"model": model.pk})
+                         target_id=cluster.pk, steps=copies.copy_operation(cluster).step_names, user=user,
+                         params={"model": model.pk})
 
 
 def model_remove_from_machines(model: StoredModel, machine_ids: list[int] | None = None, *, user=None) -> Job:
@@ -116,7 +117,7 @@ def model_remove_from_machines(model: StoredModel, machine_ids: list[int] | None
         if busy := selectors.model_active_job(model):
             raise ValidationError(f"{model} has a job running ({busy.title}): wait for it to end.")
         return job_start(kind=copies.REMOVE_KIND, title=f"Remove {model} from {len(ids)} machine{'s' if len(ids) > 1 else ''}",
-                         target_type="model", target_id=model.pk, steps=(copies.REMOVE,), user=user,
+                         target_type="model", target_id=model.pk, steps=copies.REMOVE.step_names, user=user,
                          params={"machines": ids})
 
 

@@ -31,7 +31,7 @@ from clusters.lifecycle import cluster_changed
 from clusters.models import ClusterMember
 from console import live
 from console.choices import JOB_ACTIVE, ErrorKind, JobState
-from console.jobs import JobContext, JobError, job_start
+from console.jobs import JobContext, JobError, Operation, Step, job_start
 from console.lifecycle import InvalidTransition
 from console.models import Job
 from deployments import copies as model_copies
@@ -43,14 +43,14 @@ from deployments.models import Copy, Deployment, ModelHolding
 from machines.agent_client import Agent, AgentError
 
 KIND = "deployment.apply"
-COPY_FILES = "Copy the model"
-START = "Start the copies"
-WAIT = "Wait until they serve"
-STEPS = (COPY_FILES, START, WAIT)
+COPY_FILES = Step("Copy the model")
+START = Step("Start the copies")
+WAIT = Step("Wait until they serve")
+APPLY = Operation(KIND, (COPY_FILES, START, WAIT))
 
 DELETE_KIND = "deployment.delete"
-STOP = "Stop the copies"
-STOP_STEPS = (STOP,)
+STOP = Step("Stop the copies")
+DELETE = Operation(DELETE_KIND, (STOP,))
 
 POLL_SECONDS = 1.0  # how often the machines are asked about starting copies
 LOG_LINES = 12
@@ -107,7 +107,7 @@ def apply_start(deployment: Deployment, *, user=None) -> Job:
                 active.save(update_fields=["params"])
             return active
         return job_start(kind=KIND, title=f"Apply {deployment.name}", target_type="deployment", target_id=deployment.pk,
-                         steps=STEPS, user=user)
+                         steps=APPLY.step_names, user=user)
 
 
 def another_round(job: Job) -> bool:
@@ -170,7 +170,7 @@ def delete_start(deployment: Deployment, *, user=None) -> Deleted:
     for copy in deployment.copy_rows.all():
         copy_stop_begin(copy)
     return Deleted(job=job_start(kind=DELETE_KIND, title=f"Delete {deployment.name}", target_type="deployment",
-                                 target_id=deployment.pk, steps=STOP_STEPS, user=user))
+                                 target_id=deployment.pk, steps=DELETE.step_names, user=user))
 
 
 # -- the jobs ---------------------------------------------------------------------------------------
@@ -203,12 +203,12 @@ def apply_once(ctx: JobContext, deployment_id: int) -> list[str]:
         deployment_changed(deployment)
         return []
 
-    ctx.step(COPY_FILES)
+    COPY_FILES.always(ctx)
     mine = _files(ctx, deployment, mine) if mine else []
-    ctx.step(START)
+    START.always(ctx)
     failures = each(mine, lambda c: _start(deployment, c))
     started = starting + [c for c in mine if c.state == CopyState.STARTING]
-    ctx.step(WAIT, f"{len(started)} cop{'ies' if len(started) != 1 else 'y'} loading the model")
+    WAIT.always(ctx, f"{len(started)} cop{'ies' if len(started) != 1 else 'y'} loading the model")
     failures += _wait(ctx, deployment, started)
     deployment_changed(deployment)
     return failures
@@ -218,7 +218,7 @@ def delete_run(ctx: JobContext, *, deployment_id: int) -> None:
     deployment = Deployment.objects.select_related("cluster").filter(pk=deployment_id).first()
     if deployment is None:
         return
-    ctx.step(STOP)
+    STOP.always(ctx)
     failures = stops(deployment)
     if failures:
         raise JobError("; ".join(failures) + ". Try Delete again once the machines are back.")

@@ -18,15 +18,18 @@ from clusters.models import Cluster
 from clusters.selectors import cluster_busy
 from console import roles
 from console.choices import ErrorKind
-from console.jobs import JobContext, JobError, job_start
+from console.jobs import JobContext, JobError, Operation, Step, job_start
 from console.models import Job
 from console.offers import Offer
 from console.roles import OPERATOR, Action
 from deployments import actions, hub
 
 KIND = "model.source-check"
-REACH = "Ask every machine to reach the hub"
-SWITCH = "Switch to machine downloads"
+REACH = Step("Ask every machine to reach the hub")
+SWITCH = Step("Switch to machine downloads")
+CHECK_REACH = Operation(KIND, (REACH,))
+# Switching checks first: the cluster switches only when every machine reached the hub.
+SWITCH_SOURCE = Operation(KIND, (REACH, SWITCH))
 REACH_TIMEOUT = 5  # seconds each machine waits for the hub's answer
 
 CHANGE = Action("changing where a cluster's machines get models", OPERATOR)
@@ -63,17 +66,17 @@ def _check_start(cluster: Cluster, *, switch: bool, user) -> Job:
         raise ValidationError(f"{cluster.name} has no machines to check.")
     if refusal := actions.agents_refusal(cluster):
         raise ValidationError(refusal)
-    steps = (REACH, SWITCH) if switch else (REACH,)
+    operation = SWITCH_SOURCE if switch else CHECK_REACH
     title = "Switch to machine downloads" if switch else "Check the machines' reach to the hub"
-    return job_start(kind=KIND, title=title, target_type="cluster", target_id=cluster.pk, steps=steps, user=user,
-                     params={"switch": switch})
+    return job_start(kind=operation.kind, title=title, target_type="cluster", target_id=cluster.pk,
+                     steps=operation.step_names, user=user, params={"switch": switch})
 
 
 def model_source_check_run(ctx: JobContext, *, cluster_id: int, switch: bool) -> None:
     cluster = Cluster.objects.get(pk=cluster_id)
     members = list(cluster.members.select_related("machine"))
     url = hub.endpoint()
-    ctx.step(REACH, url)
+    REACH.always(ctx, url)
 
     def reach(member) -> str | None:
         try:
@@ -90,7 +93,7 @@ def model_source_check_run(ctx: JobContext, *, cluster_id: int, switch: bool) ->
                        kind=ErrorKind.NOT_RETRYABLE)
     ctx.detail(f"All {len(members)} machines reach {url}")
     if switch:
-        ctx.step(SWITCH)
+        SWITCH.always(ctx)
         Cluster.objects.filter(pk=cluster.pk).update(model_source=ModelSource.MACHINES)
         ctx.on_success(lambda: cluster_changed(cluster))
 

@@ -16,7 +16,7 @@ from django.db import transaction
 
 from console.choices import ErrorKind
 from console.jobs import JobContext, JobError
-from machines import enrolment, remote, services
+from machines import enrolment, remote, services, steps
 from machines.agent import agent_build
 from machines.agent_client import Agent
 from machines.choices import EventKind
@@ -28,12 +28,12 @@ def machine_update_agent_run(ctx: JobContext, *, machine_id: int) -> None:
     build = agent_build()
     before = machine.agent_version or "unknown"
     try:
-        ctx.step("Connect", f"{machine.ssh_user}@{machine.address} port {machine.ssh_port}")
+        steps.CONNECT.always(ctx, f"{machine.ssh_user}@{machine.address} port {machine.ssh_port}")
         with remote.connect(services.machine_target(machine)) as conn:
             ctx.log(f"Connected to {machine.address}; host key {machine.host_key_fingerprint} matches.")
             preflight = enrolment.agent_put(ctx, conn, build)
             agent = Agent(machine, conn, argv=[preflight.python, preflight.path])
-            ctx.step("Restart the heartbeat")
+            steps.RESTART_HEARTBEAT.always(ctx)
             running = agent.heartbeat_status()
             if running.running and running.version == build.version:
                 # Already the daemon wanted: a new token would only restart it for nothing.
@@ -45,7 +45,7 @@ def machine_update_agent_run(ctx: JobContext, *, machine_id: int) -> None:
                 started = enrolment.heartbeat_start(ctx, machine=machine, agent=agent, preflight=preflight)
                 restarted = True
                 ctx.detail(f"agent {build.version}, pid {started.pid}" + (" (restarted)" if started.restarted else ""))
-            ctx.step("Check the version")
+            steps.CHECK_VERSION.always(ctx)
             reported = agent.version()
             heartbeat = agent.heartbeat_status()
     except remote.HostKeyMismatch as exc:

@@ -14,7 +14,7 @@ from django.utils import timezone
 from fabric import Connection
 
 from console.jobs import JobContext, JobError
-from machines import remote, services
+from machines import remote, services, steps
 from machines.agent import AgentBuild, Preflight, agent_build, agent_install, machine_preflight
 from machines.agent_client import Agent
 from machines.agent_results import HeartbeatStarted
@@ -28,11 +28,11 @@ def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:
     machine = Machine.objects.get(pk=machine_id)
     build = agent_build()
     try:
-        ctx.step("Connect", f"{machine.ssh_user}@{machine.address} port {machine.ssh_port}")
+        steps.CONNECT.always(ctx, f"{machine.ssh_user}@{machine.address} port {machine.ssh_port}")
         with remote.connect(services.machine_target(machine)) as conn:
             ctx.log(f"Connected to {machine.address}; host key {machine.host_key_fingerprint} matches.")
             preflight = agent_put(ctx, conn, build)
-            ctx.step("Read facts")
+            steps.READ_FACTS.always(ctx)
             agent = Agent(machine, conn, argv=[preflight.python, preflight.path])
             facts = agent.facts()
             with transaction.atomic():
@@ -41,7 +41,7 @@ def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:
                 machine.python_path = preflight.python
                 services.machine_facts_apply(machine=machine, facts=facts)
             ctx.detail(machine.accelerator_summary() or "no accelerators")
-            ctx.step("Start the heartbeat")
+            steps.START_HEARTBEAT.always(ctx)
             heartbeat_start(ctx, machine=machine, agent=agent, preflight=preflight)
     except remote.HostKeyMismatch as exc:
         raise host_key_refused(machine_id, exc) from exc
@@ -59,15 +59,15 @@ def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:
 
 
 def agent_put(ctx: JobContext, conn: Connection, build: AgentBuild) -> Preflight:
-    """The steps "Check Python" and "Install the agent": this build on the machine, digest checked.
+    """The steps ``CHECK_PYTHON`` and ``INSTALL_AGENT``: this build on the machine, digest checked.
 
     A machine that holds this build already keeps it (nothing is copied). Only the file is put in
     place: what runs from an older one (the heartbeat, the blob server) runs on until restarted.
     """
-    ctx.step("Check Python")
+    steps.CHECK_PYTHON.always(ctx)
     preflight = machine_preflight(conn, build)
     ctx.detail(f"Python {preflight.version} ({preflight.python})")
-    ctx.step("Install the agent")
+    steps.INSTALL_AGENT.always(ctx)
     uploaded = agent_install(conn, build, preflight)
     ctx.detail(f"{build.version} at {preflight.path}" + ("" if uploaded else " (already there)"))
     ctx.log(f"Agent {build.version} {'uploaded, sha256 checked' if uploaded else 'already installed'}: {preflight.path}")

@@ -25,18 +25,15 @@ from console.jobs import job_start
 from console.lifecycle import InvalidTransition, transition  # noqa: F401 - InvalidTransition is part of this API
 from console.models import Job
 from console.pruning import delete_in_batches
-from machines import actions, beats, remote, runtimes
+from machines import actions, beats, remote, runtimes, steps
 from machines.choices import TRANSITIONS, EventKind, InterfaceKind, MachineState
 from machines.models import Accelerator, Machine, MachineEvent, NetworkInterface
 from machines.signals import machine_reconnected, machine_runtime_reported, machine_went_offline
 
 log = logging.getLogger(__name__)
 
-ENROL_KIND, REFRESH_KIND, UPDATE_AGENT_KIND = "machine.enrol", "machine.refresh", "machine.update_agent"
 # The machines' counts alone, for pages that show them without the list (the dashboard).
 SUMMARY_TOPIC = "machines:summary"
-ENROL_STEPS = ["Connect", "Check Python", "Install the agent", "Read facts", "Start the heartbeat"]
-UPDATE_AGENT_STEPS = ["Connect", "Check Python", "Install the agent", "Restart the heartbeat", "Check the version"]
 
 
 def machine_changed(machine: Machine) -> None:
@@ -171,11 +168,11 @@ def machine_enrol_start(*, machine: Machine, user=None, title: str = "") -> Job:
     if machine.state != MachineState.ENROLLING:
         machine_transition(machine=machine, to=MachineState.ENROLLING)
     return job_start(
-        kind=ENROL_KIND,
+        kind=steps.ENROL.kind,
         title=title or f"Enrol {machine.name}",
         target_type="machine",
         target_id=machine.pk,
-        steps=ENROL_STEPS,
+        steps=steps.ENROL.step_names,
         user=user,
     )
 
@@ -188,11 +185,11 @@ def machine_refresh(*, machine: Machine, user=None) -> Job:
         if machine.state == MachineState.FAILED:
             return machine_enrol_start(machine=machine, user=user, title=f"Refresh facts of {machine.name}")
         job = job_start(
-            kind=REFRESH_KIND,
+            kind=steps.REFRESH.kind,
             title=f"Refresh facts of {machine.name}",
             target_type="machine",
             target_id=machine.pk,
-            steps=ENROL_STEPS,
+            steps=steps.REFRESH.step_names,
             user=user,
         )
         machine_changed(machine)
@@ -222,11 +219,11 @@ def _machines_busy(machine_ids) -> set[int]:
 def _update_agent_start(machine: Machine, *, user=None) -> Job:
     """Write the update job (the machine's row is locked and its offer checked) and send it on commit."""
     job = job_start(
-        kind=UPDATE_AGENT_KIND,
+        kind=steps.UPDATE_AGENT.kind,
         title=f"Update agent on {machine.name}",
         target_type="machine",
         target_id=machine.pk,
-        steps=UPDATE_AGENT_STEPS,
+        steps=steps.UPDATE_AGENT.step_names,
         user=user,
     )
     machine_changed(machine)  # its page greys Update agent out while the job runs

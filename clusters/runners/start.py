@@ -21,7 +21,7 @@ from clusters.runners.shared import shared_files_share
 from clusters.selectors import cluster_members
 from clusters.transfer import distribute
 from console.choices import ErrorKind
-from console.jobs import JobCancelled, JobContext, JobError
+from console.jobs import JobCancelled, JobContext, JobError, Step
 from machines.agent import agent_version
 from machines.agent_results import RayStatus
 from machines.choices import MachineState
@@ -34,7 +34,7 @@ RAY_GPUS = 0
 RAY_LIST_TRIES, RAY_LIST_PAUSE = 5, 2.0  # how long the head's node list is given to show machines that joined
 
 
-def _stage(ctx: JobContext, step: steps.Step, members, head, board, work, *, tolerate_all: bool = False, detail: str = ""):
+def _stage(ctx: JobContext, step: Step, members, head, board, work, *, tolerate_all: bool = False, detail: str = ""):
     """One step run on every member at once; a step an earlier run of the job finished is skipped."""
     if not step.begin(ctx, detail):
         return members

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from console.choices import JobState
 from console.models import Job
-from machines import services
+from machines import services, steps
 from machines.choices import EventKind, InterfaceKind, MachineState
 from machines.models import Accelerator, Machine
 from tests.factories import AcceleratorFactory, JobFactory, MachineFactory, fingerprint_for
@@ -363,7 +363,7 @@ def test_refresh_after_an_earlier_job_finished_queues_a_new_one(django_capture_o
         job = services.machine_refresh(machine=machine)
 
     assert job.kind == "machine.refresh"
-    assert [step["name"] for step in job.steps] == services.ENROL_STEPS
+    assert [step["name"] for step in job.steps] == steps.ENROL.step_names
     assert enrol_calls == [job.pk]
     machine.refresh_from_db()
     assert machine.state == MachineState.HEALTHY

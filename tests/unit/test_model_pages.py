@@ -55,7 +55,7 @@ def test_a_viewer_sees_the_models_but_no_button_that_works(client, model):
 def test_the_card_names_the_machines_a_check_found_cut_off_and_keeps_server_copies(client):
     cluster = cluster_of([gpu_machine("lab-a", 11), gpu_machine("lab-b", 12)])
     job = job_create(kind=sources.KIND, title="Switch to machine downloads", target_type="cluster", target_id=cluster.pk,
-                     steps=[sources.REACH, sources.SWITCH])
+                     steps=sources.SWITCH_SOURCE.step_names)
     Job.objects.filter(pk=job.pk).update(state="failed", error="Not every machine reaches the hub at http://hub: "
                                          "lab-b: no route to host. gpu-room keeps Server copies.")
     page = signed_in(client, roles.OPERATOR).get(cluster.get_absolute_url()).content.decode()
