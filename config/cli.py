@@ -1,17 +1,17 @@
 """``faden``: every management command, plus ``faden lab ...`` for the virtual machine lab and the client
-commands (``faden ssh``: config/client.py), which speak to a console over its API from any computer."""
+commands (``faden ssh``: the client package), which speak to a console over its API from any computer."""
 import os
 import sys
 from typing import NoReturn
 
-from config import client
+import client.cli
 
 
 def main() -> int:
     argv = sys.argv[1:]
-    if argv[:1] and argv[0] in client.COMMANDS:
+    if argv[:1] and argv[0] in client.cli.COMMANDS:
         # Before Django: the client needs no settings, no data directory and no database.
-        return client.main(argv)
+        return client.cli.main(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     if argv[:1] == ["lab"]:
         return lab(argv[1:])

@@ -1,4 +1,4 @@
-"""``faden ssh`` (config/client.py): from another computer with the console's URL and a token, over the REST
+"""``faden ssh`` (the client package): from another computer with the console's URL and a token, over the REST
 API only. The console answers through the Django test client (and once through a real HTTP server, for
 urllib's side); the exec of ssh is replaced, so each test reads the argv that would have run."""
 import json
@@ -19,7 +19,9 @@ from cryptography.hazmat.primitives.serialization import load_ssh_public_identit
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
-from config import client
+import client.api
+import client.cli
+import client.ssh
 from console import roles
 from machines.models import Machine
 from tests.builders import build, cluster_of, gpu_machine
@@ -42,7 +44,7 @@ def ca_and_runtime_dir(settings, tmp_path, monkeypatch):
 def execs(monkeypatch):
     """The argv each exec of ssh would have run (nothing runs)."""
     calls = []
-    monkeypatch.setattr(client, "_exec", lambda program, argv: calls.append((program, list(argv))))
+    monkeypatch.setattr(client.ssh, "_exec", lambda program, argv: calls.append((program, list(argv))))
     return calls
 
 
@@ -80,7 +82,7 @@ def django_send(method, url, headers, body):
 
 
 def faden(*argv, token, send=django_send):
-    return client.main(list(argv), send=send, environ={"FADEN_URL": URL, "FADEN_TOKEN": token})
+    return client.cli.main(list(argv), send=send, environ={"FADEN_URL": URL, "FADEN_TOKEN": token})
 
 
 # -- logging in ------------------------------------------------------------------------------------
@@ -162,10 +164,10 @@ def test_a_bad_token_says_the_console_refused_it(room, key, execs, capsys):
 
 
 def test_no_key_no_url_or_no_token_each_say_what_to_do(tmp_path, execs, capsys):
-    missing = client.main(["ssh", "gpu-room", "-i", str(tmp_path / "nokey")], send=django_send,
+    missing = client.cli.main(["ssh", "gpu-room", "-i", str(tmp_path / "nokey")], send=django_send,
                           environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"})
-    no_url = client.main(["ssh", "gpu-room"], send=django_send, environ={"FADEN_TOKEN": "t"})
-    no_token = client.main(["ssh", "gpu-room", "--url", URL], send=django_send, environ={})
+    no_url = client.cli.main(["ssh", "gpu-room"], send=django_send, environ={"FADEN_TOKEN": "t"})
+    no_token = client.cli.main(["ssh", "gpu-room", "--url", URL], send=django_send, environ={})
 
     err = capsys.readouterr().err
     assert missing == 1 and f"No public key at {tmp_path / 'nokey.pub'}: make one with ssh-keygen -t ed25519" in err
@@ -181,31 +183,31 @@ def test_no_key_no_url_or_no_token_each_say_what_to_do(tmp_path, execs, capsys):
                                           ("ssh_user", "-l"), ("ssh_port", "22; id"), ("ssh_port", True)])
 def test_an_answer_ssh_would_misread_is_refused_before_anything_runs(tmp_path, field, value):
     node = {"ssh_user": "root", "ssh_address": "198.18.0.12", "ssh_port": 22} | {field: value}
-    key = client.Key(identity=tmp_path / "id", public_line="ssh-ed25519 AAAA")
+    key = client.ssh.Key(identity=tmp_path / "id", public_line="ssh-ed25519 AAAA")
 
-    with pytest.raises(client.ClientError):
-        client.ssh_argv(node, jump="", key=key, certificate=tmp_path / "c")
-    with pytest.raises(client.ClientError):
-        client.ssh_argv({"ssh_user": "root", "ssh_address": "h", "ssh_port": 22}, jump="-oProxyCommand=x", key=key,
+    with pytest.raises(client.api.ClientError):
+        client.ssh.ssh_argv(node, jump="", key=key, certificate=tmp_path / "c")
+    with pytest.raises(client.api.ClientError):
+        client.ssh.ssh_argv({"ssh_user": "root", "ssh_address": "h", "ssh_port": 22}, jump="-oProxyCommand=x", key=key,
                         certificate=tmp_path / "c")
 
 
 def test_a_certificate_path_with_blanks_or_a_percent_is_given_as_ssh_reads_it(tmp_path):
-    key = client.Key(identity=tmp_path / "id", public_line="")
+    key = client.ssh.Key(identity=tmp_path / "id", public_line="")
     node = {"ssh_user": "root", "ssh_address": "h", "ssh_port": 22}
 
-    argv = client.ssh_argv(node, jump="", key=key, certificate=Path("/run/my dir/50%-cert.pub"))
+    argv = client.ssh.ssh_argv(node, jump="", key=key, certificate=Path("/run/my dir/50%-cert.pub"))
 
     assert argv[4] == 'CertificateFile="/run/my dir/50%%-cert.pub"'
 
 
 def test_expired_certificates_are_removed_from_the_private_directory_and_fresh_ones_kept(tmp_path):
-    where = client.private_dir()
+    where = client.ssh.private_dir()
     old = where / f"gpu-room-3-{int(time.time()) - 10}-cert.pub"
     old.write_text("old\n")
     soon = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3600))
 
-    fresh = client.certificate_write("ssh-ed25519-cert-v01@openssh.com AAAA id", cluster="gpu room/1", serial=4, valid_before=soon)
+    fresh = client.ssh.certificate_write("ssh-ed25519-cert-v01@openssh.com AAAA id", cluster="gpu room/1", serial=4, valid_before=soon)
 
     assert not old.exists()
     assert fresh.parent == where == tmp_path / "run" / f"faden-ssh-{os.getuid()}"
@@ -217,8 +219,8 @@ def test_a_directory_others_can_enter_is_refused(tmp_path):
     where.mkdir(mode=0o755)
     where.chmod(0o755)
 
-    with pytest.raises(client.ClientError, match="is not a directory private to you"):
-        client.private_dir()
+    with pytest.raises(client.api.ClientError, match="is not a directory private to you"):
+        client.ssh.private_dir()
 
 
 # -- over real HTTP ------------------------------------------------------------------------------
@@ -266,7 +268,7 @@ def canned():
 
 
 def test_over_http_the_token_goes_in_the_header_and_the_key_in_the_body(canned, key, execs):
-    status = client.main(["ssh", "gpu-room", "-i", str(key), "--url", canned + "/"], environ={"FADEN_TOKEN": "s3cret"})
+    status = client.cli.main(["ssh", "gpu-room", "-i", str(key), "--url", canned + "/"], environ={"FADEN_TOKEN": "s3cret"})
 
     assert status == 0
     (listing, asked) = CannedConsole.seen
@@ -277,9 +279,9 @@ def test_over_http_the_token_goes_in_the_header_and_the_key_in_the_body(canned, 
 
 
 def test_over_http_an_answer_that_is_not_the_api_and_a_console_that_is_not_there_are_named(canned, key, execs, capsys):
-    broken = client.main(["ssh", "broken", "-i", str(key)], environ={"FADEN_URL": canned, "FADEN_TOKEN": "t"})
+    broken = client.cli.main(["ssh", "broken", "-i", str(key)], environ={"FADEN_URL": canned, "FADEN_TOKEN": "t"})
     with socket_closed() as nowhere:
-        gone = client.main(["ssh", "gpu-room", "-i", str(key)], environ={"FADEN_URL": nowhere, "FADEN_TOKEN": "t"})
+        gone = client.cli.main(["ssh", "gpu-room", "-i", str(key)], environ={"FADEN_URL": nowhere, "FADEN_TOKEN": "t"})
 
     err = capsys.readouterr().err
     assert broken == 1 and f"The console at {canned} answered 502: is FADEN_URL the console's address?" in err

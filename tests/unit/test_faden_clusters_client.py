@@ -1,4 +1,4 @@
-"""``faden clusters tunnel`` and ``faden clusters test`` (config/client.py): over the REST API only, like
+"""``faden clusters tunnel`` and ``faden clusters test`` (the client package): over the REST API only, like
 ``faden ssh`` (tests/unit/test_faden_client.py, whose console, keys and cluster these tests share). The
 ssh child is replaced, or a real process where what is tested is its end; the NCCL test is followed
 from a scripted API and from the console's own record as its job writes it."""
@@ -14,7 +14,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from config import client
+import client.api
+import client.cli
+import client.nccl_test
+import client.ssh
+import client.tunnel
 from console import roles
 from tests.unit.test_faden_client import URL, ca_and_runtime_dir, faden, key, room, token_for  # noqa: F401 (fixtures)
 
@@ -53,7 +57,7 @@ class FakeSsh:
 def test_faden_clusters_tunnel_forwards_the_heads_ray_with_a_certificate_removed_when_ctrl_c_ends_it(
         room, key, monkeypatch, capsys):
     ssh_child = FakeSsh(ends=KeyboardInterrupt)
-    monkeypatch.setattr(client, "_spawn", ssh_child)
+    monkeypatch.setattr(client.tunnel, "_spawn", ssh_child)
 
     status = faden("clusters", "tunnel", "gpu-room", "--key", str(key), token=token_for())
 
@@ -73,7 +77,7 @@ def test_faden_clusters_tunnel_forwards_the_heads_ray_with_a_certificate_removed
 @pytest.mark.django_db
 def test_a_tunnel_whose_ssh_fails_says_so_and_still_removes_the_certificate(room, key, monkeypatch, capsys):
     ssh_child = FakeSsh(ends=255)
-    monkeypatch.setattr(client, "_spawn", ssh_child)
+    monkeypatch.setattr(client.tunnel, "_spawn", ssh_child)
 
     status = faden("clusters", "tunnel", "gpu-room", "-i", str(key), "--local-port", "18265", token=token_for())
 
@@ -88,7 +92,7 @@ def test_a_tunnel_whose_ssh_fails_says_so_and_still_removes_the_certificate(room
 @pytest.mark.django_db
 def test_a_tunnel_refused_by_the_console_runs_no_ssh_and_leaves_no_certificate(room, key, monkeypatch, capsys, tmp_path):
     ssh_child = FakeSsh(ends=0)
-    monkeypatch.setattr(client, "_spawn", ssh_child)
+    monkeypatch.setattr(client.tunnel, "_spawn", ssh_child)
 
     status = faden("clusters", "tunnel", "gpu-room", "-i", str(key), token=token_for(roles.VIEWER, "vic"))
 
@@ -98,10 +102,10 @@ def test_a_tunnel_refused_by_the_console_runs_no_ssh_and_leaves_no_certificate(r
 
 
 def test_the_tunnels_argv_jumps_when_told_and_names_both_forwards_on_loopback(tmp_path):
-    key = client.Key(identity=tmp_path / "id", public_line="ssh-ed25519 AAAA")
+    key = client.ssh.Key(identity=tmp_path / "id", public_line="ssh-ed25519 AAAA")
     node = {"ssh_user": "root", "ssh_address": "198.18.0.11", "ssh_port": 2222}
 
-    argv = client.tunnel_argv(node, jump="me@console.example.com", key=key, certificate=tmp_path / "c-cert.pub",
+    argv = client.tunnel.tunnel_argv(node, jump="me@console.example.com", key=key, certificate=tmp_path / "c-cert.pub",
                               local_port=9000, client_port=9001)
 
     assert argv[argv.index("-J") + 1] == "me@console.example.com" and argv[argv.index("-p") + 1] == "2222"
@@ -113,19 +117,19 @@ def test_the_tunnels_argv_jumps_when_told_and_names_both_forwards_on_loopback(tm
 @pytest.mark.parametrize("port", ["0", "65536", "80a", "-1"])
 def test_a_local_port_that_is_not_one_is_refused_before_anything_is_asked(port, capsys):
     with pytest.raises(SystemExit) as ended:
-        client.main(["clusters", "tunnel", "gpu-room", "--local-port", port], send=None, environ={})
+        client.cli.main(["clusters", "tunnel", "gpu-room", "--local-port", port], send=None, environ={})
     assert ended.value.code == 2 and "is not a TCP port" in capsys.readouterr().err
 
 
 def test_sigterm_ends_the_wait_for_ssh_and_the_child_is_ended_too(monkeypatch):
     # A real child and a real signal: SIGTERM to this process ends the wait as Ctrl-C would.
     children = []
-    monkeypatch.setattr(client, "_spawn", lambda argv: children.append(subprocess.Popen(argv)) or children[-1])
+    monkeypatch.setattr(client.tunnel, "_spawn", lambda argv: children.append(subprocess.Popen(argv)) or children[-1])
     before = signal.getsignal(signal.SIGTERM)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     try:
-        ended = client.ssh_until_interrupted([sys.executable, "-c", "import time; time.sleep(60)"])
+        ended = client.tunnel.ssh_until_interrupted([sys.executable, "-c", "import time; time.sleep(60)"])
     finally:
         timer.cancel()
     assert ended is None
@@ -136,12 +140,12 @@ def test_sigterm_ends_the_wait_for_ssh_and_the_child_is_ended_too(monkeypatch):
 def test_sigint_ends_the_wait_even_when_it_came_ignored(monkeypatch):
     # `faden clusters tunnel &` in a script starts with SIGINT ignored; `kill -INT` must still end it.
     children = []
-    monkeypatch.setattr(client, "_spawn", lambda argv: children.append(subprocess.Popen(argv)) or children[-1])
+    monkeypatch.setattr(client.tunnel, "_spawn", lambda argv: children.append(subprocess.Popen(argv)) or children[-1])
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
-        ended = client.ssh_until_interrupted([sys.executable, "-c", "import time; time.sleep(60)"])
+        ended = client.tunnel.ssh_until_interrupted([sys.executable, "-c", "import time; time.sleep(60)"])
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # as it came
     finally:
         timer.cancel()
@@ -150,9 +154,9 @@ def test_sigint_ends_the_wait_even_when_it_came_ignored(monkeypatch):
 
 
 def test_an_ssh_that_is_not_installed_is_named(monkeypatch):
-    monkeypatch.setattr(client, "_spawn", lambda argv: (_ for _ in ()).throw(FileNotFoundError(argv[0])))
-    with pytest.raises(client.ClientError, match="OpenSSH's ssh is not on PATH"):
-        client.ssh_until_interrupted(["ssh"])
+    monkeypatch.setattr(client.tunnel, "_spawn", lambda argv: (_ for _ in ()).throw(FileNotFoundError(argv[0])))
+    with pytest.raises(client.api.ClientError, match="OpenSSH's ssh is not on PATH"):
+        client.tunnel.ssh_until_interrupted(["ssh"])
 
 
 # -- faden clusters test --------------------------------------------------------------------------------
@@ -194,7 +198,7 @@ class ScriptedConsole:
 @pytest.fixture
 def sleeps(monkeypatch):
     waited = []
-    monkeypatch.setattr(client, "_sleep", waited.append)
+    monkeypatch.setattr(client.nccl_test, "_sleep", waited.append)
     return waited
 
 
@@ -208,7 +212,7 @@ def test_faden_clusters_test_prints_each_size_as_the_console_records_it_then_the
                                a_test("finished", ROWS, peak=peak, avg_busbw=0.87,
                                       message="Peak bus bandwidth 0.89 GB/s at 4 MiB.")])
 
-    status = client.main(["clusters", "test", "gpu-room"], send=console, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"})
+    status = client.cli.main(["clusters", "test", "gpu-room"], send=console, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"})
 
     assert status == 0
     assert console.seen[1] == ("POST", "/api/clusters/7/tests/", {"confirm": False})
@@ -227,7 +231,7 @@ def test_faden_clusters_test_prints_each_size_as_the_console_records_it_then_the
 def test_a_failed_test_prints_why_and_exits_1(sleeps, capsys):
     console = ScriptedConsole([a_test(), a_test("failed", ROWS[:1], message="node-1 (lab-b) did not answer.")])
 
-    status = client.main(["clusters", "test", "gpu-room"], send=console, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"})
+    status = client.cli.main(["clusters", "test", "gpu-room"], send=console, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"})
 
     assert status == 1
     out = capsys.readouterr().out
@@ -238,7 +242,7 @@ def test_a_stopped_test_is_not_a_failure(sleeps, capsys):
     console = ScriptedConsole([a_test("stopped", ROWS, message="stopped after 5 sizes: the link between lab-a and "
                                                                 "lab-b would take about 14 minutes for the rest")])
 
-    assert client.main(["clusters", "test", "gpu-room"], send=console, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"}) == 0
+    assert client.cli.main(["clusters", "test", "gpu-room"], send=console, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"}) == 0
     assert sleeps == [] and "Stopped: stopped after 5 sizes" in capsys.readouterr().out
 
 
@@ -246,7 +250,7 @@ def test_with_copies_serving_it_is_not_started_without_a_yes(sleeps, capsys, mon
     monkeypatch.setattr(sys.stdin, "isatty", lambda: False, raising=False)
     console = ScriptedConsole([], refusals=[(409, SERVING, True)])
 
-    status = client.main(["clusters", "test", "gpu-room"], send=console, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"})
+    status = client.cli.main(["clusters", "test", "gpu-room"], send=console, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"})
 
     assert status == 1 and [m for m, *_ in console.seen].count("POST") == 1
     err = capsys.readouterr().err
@@ -257,11 +261,11 @@ def test_with_copies_serving_it_is_not_started_without_a_yes(sleeps, capsys, mon
 def test_with_copies_serving_a_yes_at_the_question_or_yes_on_the_line_sends_confirm(sleeps, monkeypatch):
     monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
     asked = []
-    monkeypatch.setattr(client, "_ask", lambda prompt: asked.append(prompt) or "y")
+    monkeypatch.setattr(client.nccl_test, "_ask", lambda prompt: asked.append(prompt) or "y")
     answered = ScriptedConsole([a_test("finished", ROWS)], refusals=[(409, SERVING, True)])
-    assert client.main(["clusters", "test", "gpu-room"], send=answered, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"}) == 0
+    assert client.cli.main(["clusters", "test", "gpu-room"], send=answered, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"}) == 0
     told = ScriptedConsole([a_test("finished", ROWS)])
-    assert client.main(["clusters", "test", "gpu-room", "--yes"], send=told, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"}) == 0
+    assert client.cli.main(["clusters", "test", "gpu-room", "--yes"], send=told, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"}) == 0
 
     assert asked == ["Run it anyway? [y/N] "]
     assert [body for method, _, body in answered.seen if method == "POST"] == [{"confirm": False}, {"confirm": True}]
@@ -269,10 +273,10 @@ def test_with_copies_serving_a_yes_at_the_question_or_yes_on_the_line_sends_conf
 
 
 def test_a_test_already_running_is_refused_in_the_consoles_words_and_not_asked_about(sleeps, capsys, monkeypatch):
-    monkeypatch.setattr(client, "_ask", lambda prompt: pytest.fail("asked to confirm a refusal that is not about copies"))
+    monkeypatch.setattr(client.nccl_test, "_ask", lambda prompt: pytest.fail("asked to confirm a refusal that is not about copies"))
     console = ScriptedConsole([], refusals=[(409, "An NCCL test is already running on gpu-room (started 14:02 by ann).", False)])
 
-    status = client.main(["clusters", "test", "gpu-room"], send=console, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"})
+    status = client.cli.main(["clusters", "test", "gpu-room"], send=console, environ={"FADEN_URL": URL, "FADEN_TOKEN": "t"})
 
     assert status == 1
     assert ("faden clusters test: The console refused: An NCCL test is already running on gpu-room (started 14:02 by ann)."
@@ -292,7 +296,7 @@ def test_faden_clusters_test_follows_the_consoles_own_record_as_the_job_writes_i
             nccl_tests.nccl_test_rows_save(test, ROWS[:len(test.rows) + 1])
         else:
             nccl_tests.nccl_test_end(test, state=NcclTestState.FINISHED, message="Peak 0.89 GB/s at 4 MiB.", avg_busbw=0.87)
-    monkeypatch.setattr(client, "_sleep", job_step)
+    monkeypatch.setattr(client.nccl_test, "_sleep", job_step)
 
     status = faden("clusters", "test", "gpu-room", token=token_for())
 
@@ -314,6 +318,6 @@ def test_a_viewer_is_refused_the_test_in_the_consoles_words(room, capsys):
 
 
 def test_a_field_error_of_drf_is_said_in_its_words():
-    assert client.refusal_sentence({"node": ["gpu-room has no node node-9."]}) == "gpu-room has no node node-9."
-    assert client.refusal_sentence({"detail": "Not every machine is Up."}) == "Not every machine is Up."
-    assert client.refusal_sentence(["x"]) == ""
+    assert client.api.refusal_sentence({"node": ["gpu-room has no node node-9."]}) == "gpu-room has no node node-9."
+    assert client.api.refusal_sentence({"detail": "Not every machine is Up."}) == "Not every machine is Up."
+    assert client.api.refusal_sentence(["x"]) == ""

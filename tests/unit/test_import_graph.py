@@ -13,7 +13,7 @@ import grimp
 import pytest
 
 AGENT_DIR = str(Path(__file__).resolve().parents[2] / "agent")
-PACKAGES = ["config", "console", "machines", "clusters", "deployments", "lab", "fadenstack_agent"]
+PACKAGES = ["config", "console", "machines", "clusters", "deployments", "lab", "fadenstack_agent", "client"]
 
 
 @pytest.fixture(scope="module")
