@@ -12,7 +12,7 @@ from rest_framework import renderers, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from clusters import connect
+from clusters import connection_info
 
 USAGE = ("Save the certificate beside your private key as <key>-cert.pub (for ~/.ssh/id_ed25519, "
          "~/.ssh/id_ed25519-cert.pub): ssh offers it with the key, and each ssh_command logs in with it.")
@@ -60,8 +60,8 @@ def connection_fields(cluster) -> dict:
     """``connection`` and ``connection_reason`` of the cluster's detail: the nodes and commands once
     every machine is Up, else null and the card's sentence."""
     try:
-        return {"connection": connect.connection_of(cluster).as_dict(), "connection_reason": ""}
-    except connect.NotConnectable as waiting:
+        return {"connection": connection_info.connection_of(cluster).as_dict(), "connection_reason": ""}
+    except connection_info.NotConnectable as waiting:
         return {"connection": None, "connection_reason": str(waiting)}
 
 
@@ -115,7 +115,7 @@ class ConnectionActions:
         data = SSHCertificateRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         asked = data.validated_data
-        login = connect.node_login_certificate(user=request.user, cluster=cluster, public_key=asked.get("public_key", ""),
+        login = connection_info.node_login_certificate(user=request.user, cluster=cluster, public_key=asked.get("public_key", ""),
                                                key_name=asked.get("key", ""), node=asked.get("node"))
         issued, reach = login.issued, login.reach
         one = login.nodes[0] if asked.get("node") not in (None, "") else None

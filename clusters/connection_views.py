@@ -10,7 +10,7 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404, render
 
-from clusters import connect
+from clusters import connection_info
 from clusters.models import Cluster
 from console.roles import node_logins_allowed, role_of
 from machines import ssh_rules
@@ -40,18 +40,18 @@ def cluster_ssh_certificate(request, pk: int):
     offer = ssh_rules.node_login_offer(role=role_of(request.user), allowed=node_logins_allowed(request.user))
     keys = list(UserPublicKey.objects.filter(user=request.user))
     try:
-        reach, waiting = connect.connection_of(cluster), ""
-    except connect.NotConnectable as why:
+        reach, waiting = connection_info.connection_of(cluster), ""
+    except connection_info.NotConnectable as why:
         reach, waiting = None, str(why)
     form = CertificateForm(request.POST or None, keys=keys, nodes=reach.nodes if reach else ())
     context = {"cluster": cluster, "offer": offer, "waiting": waiting, "form": form, "keys": keys, "login": None,
-               "valid_for": connect.validity_words()}
+               "valid_for": connection_info.validity_words()}
     if request.method != "POST":
         return render(request, "clusters/ssh_certificate.html", context)
     form.is_valid()  # every choice is optional: the service says what is wrong, in the rules' words
     asked = form.cleaned_data
     try:
-        login = connect.node_login_certificate(user=request.user, cluster=cluster, public_key=asked.get("public_key", ""),
+        login = connection_info.node_login_certificate(user=request.user, cluster=cluster, public_key=asked.get("public_key", ""),
                                                key_name=asked.get("key", ""), node=asked.get("node") or None)
     except ValidationError as refused:
         said = refused.message_dict if hasattr(refused, "error_dict") else {None: refused.messages}

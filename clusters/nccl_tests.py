@@ -15,7 +15,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from clusters import connect, hooks, nccl, steps
+from clusters import connection_info, hooks, nccl, steps
 from clusters.models import Cluster, NcclTest, NcclTestState, NetworkMeasurement
 from console import live, roles
 from console.jobs import job_start
@@ -138,8 +138,8 @@ def nccl_test_offer(cluster: Cluster, role: roles.Role | None) -> Offer:
     if (running := running_test(cluster)) is not None:
         return Offer(False, running_refusal(running))
     try:
-        nodes = connect.connection_of(cluster).nodes
-    except connect.NotConnectable as waiting:
+        nodes = connection_info.connection_of(cluster).nodes
+    except connection_info.NotConnectable as waiting:
         return Offer(False, str(waiting))
     if uneven := uneven_gpus(nodes):
         return Offer(False, uneven)
@@ -164,8 +164,8 @@ def nccl_test_start(*, cluster: Cluster, user=None, confirm: bool = False) -> Nc
         if (running := running_test(cluster)) is not None:
             raise NcclTestConflict(running_refusal(running))
         try:
-            nodes = connect.connection_of(cluster).nodes
-        except connect.NotConnectable as waiting:
+            nodes = connection_info.connection_of(cluster).nodes
+        except connection_info.NotConnectable as waiting:
             raise ValidationError(str(waiting)) from None
         if uneven := uneven_gpus(nodes):
             raise ValidationError(uneven)

@@ -1,6 +1,6 @@
 """What each machine of a cluster is given to be one of its nodes, as the spec the agent's
 ``node files write`` reads on stdin (docs/agent-protocol.md): the hostfile, its ``cluster.env``
-and the ``/etc/hosts`` lines (clusters/connection.py's texts), the cluster's own SSH key between
+and the ``/etc/hosts`` lines (clusters/connection_texts.py's texts), the cluster's own SSH key between
 its nodes with the nodes' host keys, and sshd's trust in the console's certificate authority
 (machines/sshd.py's drop-in, machines/ssh_ca.py's public key, the principals root accepts).
 
@@ -34,8 +34,8 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from django.db import transaction
 from django.views.decorators.debug import sensitive_variables
 
-from clusters import connection
-from clusters.connection import ClusterNet, Node
+from clusters import connection_texts
+from clusters.connection_texts import ClusterNet, Node
 from clusters.models import Cluster, ClusterMember
 from console import secrets
 from machines import ssh_ca, ssh_rules, sshd
@@ -142,7 +142,7 @@ def node_files_spec(*, cluster: str, network: str, nodes: Sequence[Node], node: 
     """The spec of ``node files write`` for ``node``, one of ``nodes``. ``host_keys``: checked key
     lines by machine name (``host_key_line``); a node without any is recorded at its first connection.
     ``principals``: what root on this machine accepts (machines/sshd.py's ``root_principals``).
-    Raises ``connection.NotConnectable`` or ``NodeFilesError`` with the sentence to show."""
+    Raises ``connection_texts.NotConnectable`` or ``NodeFilesError`` with the sentence to show."""
     net = ClusterNet.of(cluster, network, nodes)
     ordered = sorted(nodes, key=lambda n: n.rank)
     host_keys = host_keys or {}
@@ -152,9 +152,9 @@ def node_files_spec(*, cluster: str, network: str, nodes: Sequence[Node], node: 
         raise NodeFilesError(str(exc)) from None
     return {
         "cluster": cluster,
-        "hostfile": connection.hostfile(ordered),
-        "cluster_env": connection.cluster_env(ordered, node, master_port=net.master_port),
-        "hosts": connection.hosts_lines(ordered),
+        "hostfile": connection_texts.hostfile(ordered),
+        "cluster_env": connection_texts.cluster_env(ordered, node, master_port=net.master_port),
+        "hosts": connection_texts.hosts_lines(ordered),
         "ssh": {
             "private_key": node_key.private_key,
             "public_key": node_key.public_key,
@@ -171,7 +171,7 @@ def node_files_specs(cluster: Cluster, *, host_keys: Mapping[str, str] | None = 
     """Every member's spec, by machine name, with the cluster's node key (made on first use) and the
     console's certificate authority. ``host_keys``: ``Agent.host_key()`` of members, by machine name,
     each checked against its machine's pinned fingerprint."""
-    nodes = connection.nodes_of(cluster)
+    nodes = connection_texts.nodes_of(cluster)
     machines = {m.machine.name: m.machine for m in ClusterMember.objects.filter(cluster=cluster).select_related("machine")}
     checked = {name: [host_key_line(line, machine=name, pinned=machines[name].host_key_fingerprint)]
                for name, line in (host_keys or {}).items() if name in machines}

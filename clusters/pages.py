@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from django.template.loader import render_to_string
 
-from clusters import actions, connect, hooks, nccl_card, planning, selectors
+from clusters import actions, connection_info, hooks, nccl_card, planning, selectors
 from clusters.choices import MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, NetworkMeasurement
 from clusters.shared_files import shared_sentence
@@ -167,8 +167,8 @@ def connect_card(cluster: Cluster, role: roles.Role | None) -> dict:
     may be for (Administrators, and Operators: whether this one was allowed is the certificate page's
     to say, since the card is pushed to a role, not to a person); a Viewer does not see it."""
     try:
-        reach = connect.connection_of(cluster)
-    except connect.NotConnectable as waiting:
+        reach = connection_info.connection_of(cluster)
+    except connection_info.NotConnectable as waiting:
         return {"connect": {"waiting": str(waiting), "cluster_name": cluster.name}}
     summaries = selectors.accelerator_summaries(reach.machine_ids.values())
     commands = reach.snippets.ssh_commands
@@ -178,7 +178,7 @@ def connect_card(cluster: Cluster, role: roles.Role | None) -> dict:
     sign = ssh_rules.node_login_offer(role=role, allowed=True)
     return {"connect": {"reach": reach, "rows": rows, "blocks": blocks, "jump": reach.jump, "cluster_name": cluster.name,
                         "faden_ssh": f"faden ssh {cluster.name} {reach.nodes[-1].name}", "sign": sign.ok,
-                        "valid_for": connect.validity_words(),
+                        "valid_for": connection_info.validity_words(),
                         "shared": shared_sentence(cluster.shared_files, head_node=reach.nodes[0].name, nodes=len(reach.nodes),
                                                   node_of={n.machine: n.name for n in reach.nodes})}}
 

@@ -13,7 +13,7 @@ import time
 from django.conf import settings
 
 from clusters import nccl, nccl_tests
-from clusters.connection import Node, NotConnectable, nodes_of
+from clusters.connection_texts import Node, NotConnectable, nodes_of
 from clusters.models import NcclTest, NcclTestState
 from clusters.steps import RUN_ALLREDUCE
 from console.jobs import JobContext

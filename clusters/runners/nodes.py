@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from clusters import steps
 from clusters.choices import MemberState, Role
-from clusters.connection import NotConnectable
+from clusters.connection_texts import NotConnectable
 from clusters.fanout import Outcome, on_every_agent
 from clusters.models import Cluster, ClusterMember
 from clusters.node_files import NodeFilesError, node_files_specs

@@ -53,7 +53,7 @@ class Response:
 
     __slots__ = ("status", "headers", "connection")
 
-    def __init__(self, connection: Connection, status: int, headers: list[tuple[bytes, bytes]]):
+    def __init__(self, connection: UpstreamConnection, status: int, headers: list[tuple[bytes, bytes]]):
         self.connection = connection
         self.status = status
         self.headers = headers
@@ -66,7 +66,7 @@ class Response:
         self.connection.release()
 
 
-class Connection(asyncio.Protocol):
+class UpstreamConnection(asyncio.Protocol):
     """One connection to a copy, one request at a time."""
 
     def __init__(self, pool: Pool, key: tuple[str, int]):
@@ -225,7 +225,7 @@ class Pool:
 
     def __init__(self, *, connect_timeout: float):
         self.connect_timeout = connect_timeout
-        self.idle: dict[tuple[str, int], list[Connection]] = {}
+        self.idle: dict[tuple[str, int], list[UpstreamConnection]] = {}
 
     async def request(self, host: str, port: int, head: bytes, body: bytes, *, timeout: float | None) -> Response:
         """Send one request (``head`` ends with the blank line) and return the answer once its head came."""
@@ -245,11 +245,11 @@ class Pool:
         connection = await self._connect(key)
         return await connection.send(request, timeout)
 
-    async def _connect(self, key: tuple[str, int]) -> Connection:
+    async def _connect(self, key: tuple[str, int]) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
         try:
             _, connection = await asyncio.wait_for(
-                loop.create_connection(lambda: Connection(self, key), key[0], key[1]), self.connect_timeout)
+                loop.create_connection(lambda: UpstreamConnection(self, key), key[0], key[1]), self.connect_timeout)
         except TimeoutError:
             raise ConnectFailed(f"did not accept a connection within {self.connect_timeout:g} s") from None
         except ConnectionRefusedError:
@@ -258,7 +258,7 @@ class Pool:
             raise ConnectFailed(exc.strerror or str(exc)) from None
         return connection
 
-    def give_back(self, connection: Connection) -> None:
+    def give_back(self, connection: UpstreamConnection) -> None:
         connections = self.idle.setdefault(connection.key, [])
         if len(connections) >= IDLE_PER_COPY:
             connection.abort()
@@ -266,7 +266,7 @@ class Pool:
         connection.idle_since = time.monotonic()
         connections.append(connection)
 
-    def forget(self, connection: Connection) -> None:
+    def forget(self, connection: UpstreamConnection) -> None:
         connections = self.idle.get(connection.key)
         if connections and connection in connections:
             connections.remove(connection)

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from clusters import connection
+from clusters import connection_texts
 from machines import remote, ssh_ca, sshd
 from machines.agent_client import Agent
 from machines.models import Machine
@@ -61,11 +61,11 @@ def on(machine: Machine, command: str, *, timeout: float = 60) -> str:
     return done.stdout
 
 
-def check_node_settings(cluster) -> list[connection.Node]:
+def check_node_settings(cluster) -> list[connection_texts.Node]:
     """Every node's hostfile lists every node with its GPUs, head first, and its login shell has the
     cluster's settings with its own rank and its own interface on the cluster network."""
-    nodes = connection.nodes_of(cluster)
-    expected_hostfile = connection.hostfile(nodes)
+    nodes = connection_texts.nodes_of(cluster)
+    expected_hostfile = connection_texts.hostfile(nodes)
     for node in nodes:
         machine = Machine.objects.get(name=node.machine)
         shown = on(machine, "cat /etc/fadenstack/hostfile; echo ---; env")
@@ -97,7 +97,7 @@ def known_host(home: Path, machine: Machine) -> None:
         fh.write(f"{host} {key}\n")
 
 
-def check_certificate_logins(cluster, node: connection.Node, *, console_url: str, token: str, home: Path) -> None:
+def check_certificate_logins(cluster, node: connection_texts.Node, *, console_url: str, token: str, home: Path) -> None:
     """``faden ssh CLUSTER node-N`` logs in to that node with a certificate signed for the person's key,
     no key of theirs on the machine; the same key with an expired certificate is refused."""
     machine = Machine.objects.get(name=node.machine)
@@ -129,7 +129,7 @@ def check_certificate_logins(cluster, node: connection.Node, *, console_url: str
     assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused.stderr
 
 
-def check_node_to_node(cluster, nodes: list[connection.Node], *, home: Path) -> None:
+def check_node_to_node(cluster, nodes: list[connection_texts.Node], *, home: Path) -> None:
     """Root on the head reaches every node by name without a password; the cluster's key is refused
     from the lab host's own network (only the cluster network may use it); a script on every node,
     started from the head over the cluster's own SSH, rendezvous at MASTER_ADDR:MASTER_PORT and every
@@ -185,7 +185,7 @@ def check_ray_job_through_the_tunnel(cluster, *, console_url: str, token: str, h
     """``faden clusters tunnel NAME`` forwards the head's Ray dashboard and job API (on its loopback only)
     to this computer with a fresh certificate; ``ray job submit`` through it runs a job on the cluster and
     its result comes back; Ctrl-C ends the tunnel and its certificate goes."""
-    known_host(home, Machine.objects.get(name=connection.nodes_of(cluster)[0].machine))  # the person said yes to the head too
+    known_host(home, Machine.objects.get(name=connection_texts.nodes_of(cluster)[0].machine))  # the person said yes to the head too
     env = {**os.environ, "HOME": str(home), "PATH": f"{home / 'bin'}:{os.environ['PATH']}", "FADEN_URL": console_url,
            "FADEN_TOKEN": token, "XDG_RUNTIME_DIR": str(home / "run")}
     (home / "run").mkdir(mode=0o700, exist_ok=True)
@@ -214,7 +214,7 @@ def check_ray_job_through_the_tunnel(cluster, *, console_url: str, token: str, h
     return said
 
 
-def check_shared_files(cluster, nodes: list[connection.Node]) -> None:
+def check_shared_files(cluster, nodes: list[connection_texts.Node]) -> None:
     """``/shared`` is the head's, mounted on every other node over the cluster network: a file written
     on the last node is read on every node, one the head writes is read on the last, and the hostfile is
     there too; the card says which file system carries it."""
@@ -228,7 +228,7 @@ def check_shared_files(cluster, nodes: list[connection.Node]) -> None:
         seen = on(machine, f"cat /shared/{stamp}-a /shared/{stamp}-b; echo ---; cat /shared/hostfile")
         files, hostfile = seen.split("---\n", 1)
         assert files.split() == [f"from-{nodes[-1].name}", f"from-{nodes[0].name}"], node.machine
-        assert hostfile == connection.hostfile(nodes), node.machine
+        assert hostfile == connection_texts.hostfile(nodes), node.machine
     mounted = on(last, "findmnt -n -o FSTYPE,SOURCE /shared").splitlines()[-1].split()  # the top one (the lab binds below it)
     assert mounted[0] in ("fuse.sshfs", "nfs", "nfs4") and mounted[1].endswith(f"{nodes[0].address}:/shared"), mounted
     cluster.refresh_from_db()

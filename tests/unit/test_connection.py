@@ -1,12 +1,12 @@
 """The Connect card's plain data: nodes from a cluster's members, the hostfile, each node's
-cluster.env, /etc/hosts and the launcher commands (clusters/connection.py)."""
+cluster.env, /etc/hosts and the launcher commands (clusters/connection_texts.py)."""
 import shlex
 import subprocess
 
 import pytest
 
 from clusters.choices import Role
-from clusters.connection import (
+from clusters.connection_texts import (
     ClusterNet,
     Node,
     NotConnectable,

@@ -23,7 +23,7 @@ from tests.fakes import FakeAgents
 
 pytestmark = pytest.mark.django_db
 
-# The Connect card's sentence for gpu-b while it starts Ray (clusters/connect.py waiting_for).
+# The Connect card's sentence for gpu-b while it starts Ray (clusters/connection_info.py waiting_for).
 MESSAGE_NOT_UP = "Waiting for gpu-b to be Up: it is starting Ray."
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "nccl"
 

@@ -1,4 +1,4 @@
-"""A member's node files spec (clusters/node_files.py): built from connection.py's texts, sshd's
+"""A member's node files spec (clusters/node_files.py): built from connection_texts.py's texts, sshd's
 drop-in and the cluster's own node key, accepted by the agent's own check, and the node key sealed
 at rest."""
 import base64
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 
-from clusters import connection
-from clusters.connection import Node, NotConnectable
+from clusters import connection_texts
+from clusters.connection_texts import Node, NotConnectable
 from clusters.models import Cluster
 from clusters.node_files import (
     NodeFilesError,
@@ -65,10 +65,10 @@ def test_the_spec_carries_connections_texts_for_that_node():
     nodes = three_nodes()
     spec = spec_for()
 
-    assert spec["hostfile"] == connection.hostfile(nodes) == "198.18.1.11 slots=8\n198.18.1.12 slots=4\n"
-    assert spec["cluster_env"] == connection.cluster_env(nodes, nodes[1])
+    assert spec["hostfile"] == connection_texts.hostfile(nodes) == "198.18.1.11 slots=8\n198.18.1.12 slots=4\n"
+    assert spec["cluster_env"] == connection_texts.cluster_env(nodes, nodes[1])
     assert "NODE_RANK=1\n" in spec["cluster_env"] and "NCCL_SOCKET_IFNAME==ens5\n" in spec["cluster_env"]
-    assert spec["hosts"] == connection.hosts_lines(nodes)
+    assert spec["hosts"] == connection_texts.hosts_lines(nodes)
 
 
 def test_the_spec_carries_the_node_key_the_subnet_and_every_node_with_its_port_and_host_keys():

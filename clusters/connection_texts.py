@@ -3,9 +3,10 @@ hostfile, each node's ``cluster.env``, the ``/etc/hosts`` lines and the commands
 
 Everything here is pure (plain data in, text out) except ``nodes_of``, the one function that reads
 the database. Nothing is written, nothing is run: the services put the files on the machines, the
-pages and the API show the commands. Every value that goes into a shell command passes through
-``shlex.quote``; the hostfile and ``/etc/hosts`` are not shell, so the values they hold are checked
-when a ``Node`` is made (an IP address, an interface name without blanks or commas).
+pages and the API show the commands (``connection_info.py`` adds the settings and the person).
+Every value that goes into a shell command passes through ``shlex.quote``; the hostfile and
+``/etc/hosts`` are not shell, so the values they hold are checked when a ``Node`` is made (an IP
+address, an interface name without blanks or commas).
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ certificates for node logins share.
 ``NotConnectable`` with the sentence the card shows while it waits ("Waiting for lab-b to be Up").
 ``node_login_certificate(...)`` signs a certificate for a person's key that opens every node of the
 cluster, or one node (machines/ssh_certificates.py does the signing and keeps the record).
-The commands themselves are clusters/connection.py's; this module adds the database, the settings
-(the jump host) and the choice of nodes.
+The texts and commands themselves are clusters/connection_texts.py's (pure); this module adds the
+database, the settings (the jump host), the person asking and the choice of nodes.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from clusters import connection
+from clusters import connection_texts
 from clusters.choices import ClusterState, MemberState, Role
-from clusters.connection import ClusterNet, Node, NotConnectable, Snippets
+from clusters.connection_texts import ClusterNet, Node, NotConnectable, Snippets
 from clusters.models import Cluster
 from console import roles
 from machines import ssh_ca, ssh_certificates, ssh_rules, sshd
@@ -43,7 +43,7 @@ def validity_words(seconds: int | None = None) -> str:
 
 
 @dataclass(frozen=True)
-class Connection:
+class ConnectionInfo:
     """A running cluster as a person reaches it: its nodes by rank, the launchers' view of it, the
     commands, and each node's machine id (for the principals of a certificate)."""
 
@@ -72,8 +72,8 @@ class Connection:
             "head_address": self.net.head_address,
             "master_port": self.net.master_port,
             "jump": self.jump,
-            "hostfile": connection.HOSTFILE_PATH,
-            "env_file": connection.ENV_PATH,
+            "hostfile": connection_texts.HOSTFILE_PATH,
+            "env_file": connection_texts.ENV_PATH,
             "nodes": [self.node_dict(n) for n in self.nodes],
             "snippets": self.snippets.as_dict(),
         }
@@ -83,7 +83,7 @@ class Connection:
         return {
             "rank": node.rank, "name": node.name, "machine": node.machine, "machine_id": self.machine_ids[node.machine],
             "address": node.address, "interface": node.interface, "gpus": node.gpus, "vendor": node.vendor,
-            "ssh_user": connection.NODE_LOGIN_USER, "ssh_address": node.ssh_address, "ssh_port": node.ssh_port,
+            "ssh_user": connection_texts.NODE_LOGIN_USER, "ssh_address": node.ssh_address, "ssh_port": node.ssh_port,
             "host_key_fingerprint": self.host_keys.get(node.machine, ""),
             "ssh_command": self.snippets.ssh_commands[node.name],
         }
@@ -117,18 +117,18 @@ def waiting_for(cluster: Cluster, members: list[tuple[str, str, str]]) -> str:
     return ""
 
 
-def connection_of(cluster: Cluster) -> Connection:
+def connection_of(cluster: Cluster) -> ConnectionInfo:
     """The cluster's nodes and commands, with the jump host of the settings; ``NotConnectable`` with
     the sentence to show while a machine is not Up, the cluster does not run, or a member has no
     address on the cluster network yet. Four queries."""
     members = list(cluster.members.values_list("machine__name", "role", "state", "machine_id", "machine__host_key_fingerprint"))
     if why := waiting_for(cluster, [m[:3] for m in members]):
         raise NotConnectable(why)
-    nodes = tuple(connection.nodes_of(cluster))
+    nodes = tuple(connection_texts.nodes_of(cluster))
     net = ClusterNet.of(cluster.name, cluster.network, nodes)
     jump = ssh_jump()
-    return Connection(cluster=cluster, nodes=nodes, net=net, snippets=connection.snippets(nodes, net, jump=jump),
-                      jump=jump, machine_ids={m[0]: m[3] for m in members}, host_keys={m[0]: m[4] for m in members})
+    return ConnectionInfo(cluster=cluster, nodes=nodes, net=net, snippets=connection_texts.snippets(nodes, net, jump=jump),
+                          jump=jump, machine_ids={m[0]: m[3] for m in members}, host_keys={m[0]: m[4] for m in members})
 
 
 # -- certificates for node logins ------------------------------------------------------------------
@@ -155,7 +155,7 @@ class NodeLogin:
 
     issued: ssh_certificates.Issued
     nodes: tuple[Node, ...]
-    reach: Connection
+    reach: ConnectionInfo
 
 
 def node_login_certificate(*, user, cluster: Cluster, public_key: str = "", key_name: str = "", node=None) -> NodeLogin:
