@@ -40,7 +40,8 @@ def main() -> None:
     from django.core.management import call_command
 
     from console.models import Job
-    from deployments import downloads, services
+    from deployments import services
+    from deployments.store import downloads
     from deployments.choices import CopyState
     from deployments.forms import ask_from
     from deployments.models import Copy

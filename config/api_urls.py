@@ -3,9 +3,9 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import DefaultRouter
 
 from console.audit_api import AuditEntryViewSet
-from console.settings_api import HfTokenView
-from deployments.api import ClusterModelSourceViewSet, GatewayKeyViewSet, ModelViewSet
-from deployments.deployment_api import DeploymentViewSet
+from deployments.store.hub_token_api import HfTokenView
+from deployments.store.api import ClusterModelSourceViewSet, GatewayKeyViewSet, ModelViewSet
+from deployments.api import DeploymentViewSet
 from machines.api import MachineViewSet
 from machines.profile_api import ProfileKeyViewSet
 

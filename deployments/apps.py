@@ -9,11 +9,12 @@ class DeploymentsConfig(AppConfig):
         from clusters import hooks
         from console import live
         from console.jobs import job_kind_register
-        from deployments import copies, copy_health, downloads, pages, rooms, serving, sources
+        from deployments import copy_health, pages, placement_input, serving
+        from deployments.store import downloads, machine_files, sources
         from machines.cards import machine_card_register
 
         hooks.delete_blocker_register("deployments", deployments_refusal)
-        hooks.accelerators_held_register("copies", rooms.accelerators_held)
+        hooks.accelerators_held_register("copies", placement_input.accelerators_held)
         hooks.serving_copies_register("copies", serving_copies)
         hooks.health_question_register(copy_health.QUESTION, copy_health.copies_ask)
         hooks.health_extension_register("copies", copy_health.copies_checked)
@@ -29,8 +30,8 @@ class DeploymentsConfig(AppConfig):
         # A download survives its worker: huggingface_hub's partial files let another one go on.
         job_kind_register(downloads.KIND, task="deployments.tasks.model_download", resumable=True,
                           on_failed=downloads.model_download_abandoned)
-        job_kind_register(copies.KIND, task="deployments.tasks.model_copy", resumable=True)
-        job_kind_register(copies.REMOVE_KIND, task="deployments.tasks.model_remove")
+        job_kind_register(machine_files.KIND, task="deployments.tasks.model_copy", resumable=True)
+        job_kind_register(machine_files.REMOVE_KIND, task="deployments.tasks.model_remove")
         job_kind_register(sources.KIND, task="deployments.tasks.model_source_check")
         # One apply job per deployment claims and starts copies; a new worker takes up a dead one's.
         job_kind_register(serving.KIND, task="deployments.tasks.deployment_apply", resumable=True)

@@ -12,7 +12,7 @@ from clusters.models import ClusterMember, Transfer
 from clusters.pages import transfer_bars
 from console import params, roles
 from console.offers import Offer
-from deployments import actions, placement, rooms, selectors
+from deployments import actions, placement, placement_input, selectors
 from deployments import serving as serving_module
 from deployments.choices import ROUTED, CopyState
 from deployments.gateway import failures, traffic
@@ -67,7 +67,7 @@ def deploy_form_page(*, cluster, model, role: roles.Role | None, values: dict | 
     from deployments.services import deployment_suggestion
 
     suggestion = deployment_suggestion(cluster=cluster, model=model) if cluster and model else {}
-    kinds = [(kind_value(k.kind.vendor, k.kind.model, k.kind.memory_bytes // rooms.MIB, k.arch), k)
+    kinds = [(kind_value(k.kind.vendor, k.kind.model, k.kind.memory_bytes // placement_input.MIB, k.arch), k)
              for k in suggestion.get("kinds", [])]
     initial = {}
     if suggestion.get("kind"):
@@ -143,10 +143,10 @@ def deployment_change_page(deployment, *, role: roles.Role | None, values: dict 
     from deployments.forms import GPU_CHOICES, gib_shown, kind_value
 
     own = kind_value(deployment.gpu_vendor, deployment.gpu_model, deployment.gpu_memory_mib, deployment.arch)
-    own_kind = rooms.deployment_kind(deployment)
-    found = placement.kinds(rooms.cluster_rooms(deployment.cluster))
+    own_kind = placement_input.deployment_kind(deployment)
+    found = placement.kinds(placement_input.cluster_rooms(deployment.cluster))
     kinds = [(own if (k.kind, k.arch) == (own_kind, deployment.arch) else
-              kind_value(k.kind.vendor, k.kind.model, k.kind.memory_bytes // rooms.MIB, k.arch), k) for k in found]
+              kind_value(k.kind.vendor, k.kind.model, k.kind.memory_bytes // placement_input.MIB, k.arch), k) for k in found]
     if not any(value == own for value, _ in kinds):  # no machine of its kind is up: it is still its kind
         kinds.insert(0, (own, placement.KindFree(kind=own_kind, arch=deployment.arch, machines=0, gpus=0, free=0)))
     now = {"kind": own, "gpu_quarters": deployment.gpu_quarters, "memory_per_gpu_gib": gib_shown(deployment.memory_per_gpu_mib),

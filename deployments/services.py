@@ -17,7 +17,8 @@ from clusters.selectors import cluster_busy
 from console import roles
 from console.jobs import job_start
 from console.models import Job
-from deployments import actions, copies, downloads, engine, hub, placement, rollout, rooms, selectors, serving, store
+from deployments import actions, engine, placement, placement_input, rollout, selectors, serving
+from deployments.store import disk, downloads, hub, machine_files
 from deployments.asks import DeployAsk, ask_of, port_range, slot_json
 from deployments.choices import CopyState, ModelState
 from deployments.gateway import keys as gateway_keys
@@ -69,9 +70,9 @@ def model_delete(model: StoredModel, *, user=None) -> None:
         repo, commit, pk = model.repo, model.commit, model.pk
         model.delete()
     if commit:
-        store.tree_remove(repo, commit)
-    store.unused_blobs_remove(set(ModelFile.objects.exclude(sha256="").values_list("sha256", flat=True)))
-    shutil.rmtree(store.downloads_dir(pk), ignore_errors=True)
+        disk.tree_remove(repo, commit)
+    disk.unused_blobs_remove(set(ModelFile.objects.exclude(sha256="").values_list("sha256", flat=True)))
+    shutil.rmtree(disk.downloads_dir(pk), ignore_errors=True)
     downloads.model_changed(pk)
 
 
@@ -101,8 +102,8 @@ def model_copy(model: StoredModel, cluster, *, user=None) -> Job:
             raise ValidationError(f"{cluster.name} is busy ({busy.title}): wait for it to end.")
         if refusal := actions.agents_refusal(cluster):
             raise ValidationError(refusal)
-        return job_start(kind=copies.KIND, title=f"Copy {model} to {cluster.name}'s machines", target_type="cluster",
-                         target_id=cluster.pk, steps=copies.copy_steps(cluster), user=user, params={"model": model.pk})
+        return job_start(kind=machine_files.KIND, title=f"Copy {model} to {cluster.name}'s machines", target_type="cluster",
+                         target_id=cluster.pk, steps=machine_files.copy_steps(cluster), user=user, params={"model": model.pk})
 
 
 def model_remove_from_machines(model: StoredModel, machine_ids: list[int] | None = None, *, user=None) -> Job:
@@ -115,8 +116,8 @@ def model_remove_from_machines(model: StoredModel, machine_ids: list[int] | None
             raise ValidationError(f"No machine{' of those' if machine_ids else ''} holds {model}'s files.")
         if busy := selectors.model_active_job(model):
             raise ValidationError(f"{model} has a job running ({busy.title}): wait for it to end.")
-        return job_start(kind=copies.REMOVE_KIND, title=f"Remove {model} from {len(ids)} machine{'s' if len(ids) > 1 else ''}",
-                         target_type="model", target_id=model.pk, steps=(copies.REMOVE,), user=user,
+        return job_start(kind=machine_files.REMOVE_KIND, title=f"Remove {model} from {len(ids)} machine{'s' if len(ids) > 1 else ''}",
+                         target_type="model", target_id=model.pk, steps=(machine_files.REMOVE,), user=user,
                          params={"machines": ids})
 
 
@@ -139,10 +140,10 @@ def deployment_ask_problems(ask: DeployAsk, *, deployment: Deployment | None = N
         problems["gpu_quarters"] = "A copy takes a quarter of a GPU, half a GPU, or 1, 2, 4, 8, 16 or 32 GPUs."
     if not 0 < ask.memory_per_gpu_mib <= (ask.gpu_memory_mib or 0):
         problems["memory_per_gpu_mib"] = (f"The GPU memory per GPU must be more than 0 and at most the GPU's "
-                                          f"{store.gb(ask.gpu_memory_mib * rooms.MIB)}.")
+                                          f"{disk.gb(ask.gpu_memory_mib * placement_input.MIB)}.")
     elif ask.gpu_quarters < 4 and ask.memory_per_gpu_mib > ask.gpu_memory_mib * ask.gpu_quarters / 4:
         problems["memory_per_gpu_mib"] = ("A share of a GPU may use at most that share of its memory "
-                                          f"({store.gb(ask.gpu_memory_mib * rooms.MIB * ask.gpu_quarters // 4)}).")
+                                          f"({disk.gb(ask.gpu_memory_mib * placement_input.MIB * ask.gpu_quarters // 4)}).")
     longest = int(ask.model.facts.get("context_length") or 0)
     if ask.context_length < 16 or (longest and ask.context_length > longest):
         problems["context_length"] = (f"The context length must be from 16 to the model's {longest:,} tokens." if longest
@@ -155,7 +156,7 @@ def deployment_ask_problems(ask: DeployAsk, *, deployment: Deployment | None = N
 def deployment_suggestion(*, cluster: Cluster, model: StoredModel) -> dict:
     """What the form fills in: the GPU kind with the most free GPUs on the cluster, the fewest of them that
     hold the model's weights plus the KV cache's share, the memory per GPU, and the model's context."""
-    kinds = placement.kinds(rooms.cluster_rooms(cluster))
+    kinds = placement.kinds(placement_input.cluster_rooms(cluster))
     need = int(model.facts.get("gpu_memory_bytes") or 0)
     suggestion = {"kinds": kinds, "need_bytes": need, "context_length": int(model.facts.get("context_length") or 4096)}
     if not kinds:
@@ -163,15 +164,15 @@ def deployment_suggestion(*, cluster: Cluster, model: StoredModel) -> dict:
     kind = kinds[0]
     gpus = placement.suggest_gpus(need, kind.kind) if need else Fraction(1)
     quarters = int((gpus or Fraction(1)) * 4)
-    gpu_mib = kind.kind.memory_bytes // rooms.MIB
+    gpu_mib = kind.kind.memory_bytes // placement_input.MIB
     # A share of a GPU is given what the model needs; whole GPUs are the copy's alone, so most of their memory.
-    memory = -(-need // rooms.MIB) if quarters < 4 else int(gpu_mib * WHOLE_GPU_SHARE)
+    memory = -(-need // placement_input.MIB) if quarters < 4 else int(gpu_mib * WHOLE_GPU_SHARE)
     return suggestion | {"kind": kind, "gpu_quarters": quarters, "memory_per_gpu_mib": memory, "fits": gpus is not None}
 
 
 def deployment_plan(ask: DeployAsk) -> placement.Plan:
     """Where each copy would go, and why those that cannot go cannot (nothing is written)."""
-    return placement.plan(rooms.cluster_rooms(ask.cluster), ask.wanted(ask.copies), port_range=port_range())
+    return placement.plan(placement_input.cluster_rooms(ask.cluster), ask.wanted(ask.copies), port_range=port_range())
 
 
 def deployment_create(*, ask: DeployAsk, queue_rest: bool = False, user=None) -> Deployment:
@@ -223,7 +224,7 @@ def deployment_scale(*, deployment: Deployment, copies: int, user=None) -> Deplo
         if copies > len(have):
             ask = ask_of(deployment, copies=copies - len(have))
             last = deployment.copy_rows.order_by("-number").values_list("number", flat=True).first() or 0
-            plan = placement.plan(rooms.cluster_rooms(deployment.cluster),
+            plan = placement.plan(placement_input.cluster_rooms(deployment.cluster),
                                   ask.wanted(ask.copies, deployment_id=deployment.pk, first=last + 1), port_range=port_range())
             rollout.copies_record(deployment, plan, first=last + 1)
         elif copies < len(have):
@@ -270,7 +271,7 @@ def deployment_change_plan(*, deployment: Deployment, ask: DeployAsk) -> list[tu
             continue
         if copy.state != CopyState.SERVING:
             given_back.append(copy.pk)
-        room = rooms.cluster_rooms(deployment.cluster, leaving_out=given_back, adding=added)
+        room = placement_input.cluster_rooms(deployment.cluster, leaving_out=given_back, adding=added)
         step = placement.plan(room, ask.wanted(1, deployment_id=deployment.pk, first=last + n), port_range=port_range())
         if step.placed:
             added.append(([slot_json(s) for s in step.placed[0].slots], deployment.pk, ask.memory_per_gpu_mib))

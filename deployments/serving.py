@@ -34,9 +34,9 @@ from console.choices import JOB_ACTIVE, JobState
 from console.jobs import JobContext, JobError, job_start
 from console.lifecycle import InvalidTransition
 from console.models import Job
-from deployments import copies as model_copies
 from deployments import copy_procs
-from deployments import engine, placement, rooms
+from deployments.store import machine_files as model_copies
+from deployments import engine, placement, placement_input
 from deployments.asks import ask_of, port_range, slot_json
 from deployments.choices import COPY_TRANSITIONS, HOLDS_ROOM, CopyState, ModelState
 from deployments.models import Copy, Deployment, ModelHolding
@@ -258,7 +258,7 @@ def _queued_placed_again(deployment: Deployment) -> None:
         return
     ask = ask_of(deployment)
     with transaction.atomic():
-        plan = placement.plan(rooms.cluster_rooms(deployment.cluster, leaving_out=[c.pk for c in waiting]),
+        plan = placement.plan(placement_input.cluster_rooms(deployment.cluster, leaving_out=[c.pk for c in waiting]),
                               ask.wanted(len(waiting), deployment_id=deployment.pk), port_range=port_range())
         for copy, placed in zip(waiting, plan.placed):
             Copy.objects.filter(pk=copy.pk).update(machine_id=placed.slots[0].machine_id, port=placed.slots[0].port,

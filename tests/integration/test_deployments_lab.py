@@ -21,7 +21,8 @@ from clusters import services as cluster_services
 from clusters.choices import ClusterState
 from clusters.models import Cluster, HealthCheck
 from console import roles
-from deployments import downloads, services
+from deployments import services
+from deployments.store import downloads
 from deployments.choices import CopyState
 from deployments.forms import ask_from
 from deployments.models import Copy, Deployment

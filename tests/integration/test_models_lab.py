@@ -11,9 +11,10 @@ import pytest
 
 from clusters.choices import ClusterState, ModelSource
 from clusters.models import Cluster, Transfer
-from console.huggingface import hf_token_set
+from deployments.store.hub_token import hf_token_set
 from console.models import Job
-from deployments import services, sources
+from deployments import services
+from deployments.store import sources
 from deployments.choices import ModelState
 from deployments.models import ModelHolding
 from machines.agent_client import Agent

@@ -9,7 +9,8 @@ from django.utils import timezone
 from clusters.choices import ClusterState
 from clusters.models import ClusterMember, Transfer
 from console import live, roles
-from deployments import services, store
+from deployments import services
+from deployments.store import disk
 from deployments.choices import CopyState
 from deployments.gateway import traffic
 from deployments.models import Copy, ModelFile
@@ -154,7 +155,7 @@ def test_a_model_s_files_travelling_push_the_pages_of_its_deployments_on_that_cl
     cluster = cluster_of([gpu_machine("lab-a", 11), gpu_machine("lab-b", 12)], state=ClusterState.STOPPED)
     model = ready_model("org/chat")
     ModelFile.objects.create(model=model, path="model.safetensors", size=40 * 2**20, sha256="2" * 64,
-                             chunk_size=store.CHUNK_SIZE, chunk_hashes=["b" * 64] * 5)
+                             chunk_size=disk.CHUNK_SIZE, chunk_hashes=["b" * 64] * 5)
     here = deployment_of(cluster, model, name="chat")
     elsewhere = deployment_of(cluster_of([gpu_machine("lab-c", 13)], name="other-room"), model, name="chat-2")
     other_model = deployment_of(cluster, ready_model("org/other"), name="other")

@@ -21,7 +21,8 @@ from console.jobs import JobContext, JobError, job_start
 from console.models import Job
 from console.offers import Offer
 from console.roles import OPERATOR, Action
-from deployments import actions, hub
+from deployments import actions
+from deployments.store import hub
 
 KIND = "model.source-check"
 REACH = "Ask every machine to reach the hub"

@@ -22,8 +22,8 @@ from clusters.models import Cluster, ClusterMember, Transfer
 from clusters.transfer import ServerFile, distribute
 from console import live
 from console.jobs import JobContext, JobError
-from console.huggingface import hf_token
-from deployments import downloads, hub, store
+from deployments.store.hub_token import hf_token
+from deployments.store import disk, downloads, hub
 from deployments.models import Copy, Deployment, ModelHolding, StoredModel
 from deployments.models import ModelFile as StoredFile
 from machines.agent_client import Agent, AgentError, FileSpec, ModelFile, ModelSpec, PlacedModel
@@ -223,7 +223,7 @@ def _make_room(member: ClusterMember, model: StoredModel) -> str | None:
             files_forgotten(member.machine, gone)
         ModelHolding.objects.filter(machine=member.machine, model__repo=held.repo, model__commit=held.revision).delete()
     if free < need:
-        raise JobError(f"{member.machine.name} has {store.gb(free)} free in its store; {model} needs {store.gb(need)}. "
+        raise JobError(f"{member.machine.name} has {disk.gb(free)} free in its store; {model} needs {disk.gb(need)}. "
                        "No model there can be removed to make room.", kind="no_room")
     return f"{member.machine.name}: removed {', '.join(removed)} to make room"
 
@@ -259,7 +259,7 @@ def model_remove_run(ctx: JobContext, *, model_id: int, machine_ids: list[int]) 
             continue
         files_forgotten(holding.machine, model)
         holding.delete()
-        ctx.log(f"{holding.machine.name}: {store.gb(freed)} freed")
+        ctx.log(f"{holding.machine.name}: {disk.gb(freed)} freed")
     downloads.model_changed(model)
     if failures:
         raise JobError("; ".join(failures))
