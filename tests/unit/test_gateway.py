@@ -15,7 +15,8 @@ from django.utils import timezone
 from deployments import services
 from deployments.choices import CopyState
 from deployments.gateway import failures, traffic
-from deployments.gateway.app import Gateway, GatewayConfig
+from deployments.gateway.app import Gateway
+from deployments.gateway.background import GatewayConfig
 from deployments.gateway.routes import CopyRoute, DeploymentRoute, RouteTable, Snapshot
 from deployments.models import Copy, GatewayKey
 from tests.builders import cluster_of, deployment_of, gpu_machine, ready_model
