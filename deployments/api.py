@@ -3,7 +3,7 @@ or change it (``PATCH``), delete. Same services as the pages; their refusals are
 for a role)."""
 from fractions import Fraction
 
-from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -16,6 +16,7 @@ from deployments import asks, forms, pages, services
 from deployments.engine import OPTIONS_MAX
 from deployments.models import Copy, Deployment, StoredModel
 from deployments.selectors import deployments_list
+from deployments.store.services import model_add
 
 GPUS = {float(Fraction(q, 4)): q for q, _ in forms.GPU_CHOICES}
 
@@ -142,7 +143,7 @@ def ask_of_request(data: dict, user) -> services.DeployAsk:
             raise serializers.ValidationError({"model": ["There is no such model in the store."]})
     else:
         model = StoredModel.objects.filter(repo=data["repo"].strip(), revision="main").first() or \
-            services.model_add(repo=data["repo"], user=user)
+            model_add(repo=data["repo"], user=user)
     suggestion = services.deployment_suggestion(cluster=cluster, model=model)
     kind = data.get("gpu_kind")
     if not kind:
@@ -157,7 +158,7 @@ def ask_of_request(data: dict, user) -> services.DeployAsk:
             "engine_options": data["engine_options"]}
     try:
         return forms.ask_from(form, cluster=cluster, model=model)
-    except DjangoValidationError as exc:
+    except ValidationError as exc:
         raise serializers.ValidationError(exc.message_dict) from exc
 
 
@@ -234,3 +235,26 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
     def copies(self, request, pk=None):
         """The deployment's copies: state (with the reason), machine, GPUs and port, the engine's last lines."""
         return Response(CopyRowSerializer(self.get_object().copy_rows.select_related("machine"), many=True).data)
+
+
+# -- what deployments add to /api/clusters/ (config/cluster_api.py composes it) -----------------------------
+
+
+class ClusterDeploymentSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    model = serializers.CharField()
+    copies = serializers.IntegerField()
+    serving = serializers.IntegerField()
+
+
+class DeploymentsField:
+    """A cluster's answer with its deployments, each with its copies and how many serve."""
+
+    def retrieve(self, request, *args, **kwargs):
+        response = super().retrieve(request, *args, **kwargs)
+        rows = deployments_list(Deployment.objects.filter(cluster_id=response.data["id"]))
+        response.data["deployments"] = ClusterDeploymentSerializer(
+            [{"id": d.pk, "name": d.name, "model": str(d.model), "copies": d.copies, "serving": d.serving} for d in rows],
+            many=True).data
+        return response

@@ -15,6 +15,7 @@ from console import params
 from console.roles import role_of
 from deployments import actions, forms, pages, services
 from deployments.models import Deployment, StoredModel
+from deployments.store.services import model_add
 
 POLL_STOP = 286  # htmx's status for "stop polling"
 FORM_FIELDS = ("name", "copies", "kind", "gpu_quarters", "memory_per_gpu_gib", "context_length", "engine_options")
@@ -71,7 +72,7 @@ def deployment_model_add(request):
     model = StoredModel.objects.filter(repo=repo, revision=revision).first()
     if model is None:
         try:
-            model = services.model_add(repo=repo, revision=revision, user=request.user)
+            model = model_add(repo=repo, revision=revision, user=request.user)
         except ValidationError as exc:
             context = pages.deploy_form_page(cluster=cluster, model=None, role=role_of(request.user))
             context |= {"errors": {"repo": " ".join(exc.messages)}, "repo": repo, "revision": revision}

@@ -1,19 +1,18 @@
 """REST for models: add one (its download starts), read its progress, files and where it is held, copy it
-to a cluster's machines, delete it; the cluster's ``model_source`` with its reach check; and the gateway's
-keys (``/api/gateway/keys/``: list, create with the secret shown once, revoke). Same
-services as the pages; their refusals are 400s (or 403s for a role) with the service's own message."""
+to a cluster's machines, delete it; and the cluster's ``model_source`` with its reach check (a mixin of
+/api/clusters/). Same services as the pages; their refusals are 400s (or 403s for a role) with the
+service's own message."""
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from clusters.api import ClusterJobSerializer, ClusterViewSet
+from clusters.api import ClusterJobSerializer
 from clusters.choices import ModelSource
 from clusters.models import Cluster
 from console import api
-from deployments import selectors, services
-from deployments.store import sources
-from deployments.models import Deployment, GatewayKey, ModelFile, StoredModel
+from deployments.models import ModelFile, StoredModel
+from deployments.store import selectors, services, sources
 
 
 class ModelFileSerializer(serializers.ModelSerializer):
@@ -118,24 +117,9 @@ class ModelSourceSerializer(serializers.Serializer):
                                            help_text="server: Server copies; machines: Machines download models themselves")
 
 
-class ClusterDeploymentSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
-    name = serializers.CharField()
-    model = serializers.CharField()
-    copies = serializers.IntegerField()
-    serving = serializers.IntegerField()
-
-
-class ClusterModelSourceViewSet(ClusterViewSet):
-    """The clusters' API with what deployments add to it: its deployments, and where the machines get models."""
-
-    def retrieve(self, request, *args, **kwargs):
-        response = super().retrieve(request, *args, **kwargs)
-        rows = selectors.deployments_list(Deployment.objects.filter(cluster_id=response.data["id"]))
-        response.data["deployments"] = ClusterDeploymentSerializer(
-            [{"id": d.pk, "name": d.name, "model": str(d.model), "copies": d.copies, "serving": d.serving} for d in rows],
-            many=True).data
-        return response
+class ModelSourceActions:
+    """What the store adds to /api/clusters/ (config/cluster_api.py composes it): where the cluster's machines
+    get models (``model_source``, changed by PATCH) and the check of their reach to the hub."""
 
     @extend_schema(request=ModelSourceSerializer, responses={200: ClusterJobSerializer, 202: ClusterJobSerializer})
     def partial_update(self, request, pk=None):
@@ -155,55 +139,3 @@ class ClusterModelSourceViewSet(ClusterViewSet):
         cluster = self.get_object()
         job = sources.model_source_check(cluster, user=request.user)
         return self._answer(cluster, job)
-
-
-# -- the gateway's keys -------------------------------------------------------------------------------
-
-
-class GatewayKeySerializer(serializers.ModelSerializer):
-    created_by = serializers.SerializerMethodField()
-    deployments = serializers.ListField(child=serializers.CharField(), read_only=True,
-                                        help_text="The deployment names the key may use; empty: every one")
-
-    class Meta:
-        model = GatewayKey
-        fields = ["id", "name", "prefix", "deployments", "created_by", "created_at", "last_used_at", "revoked_at"]
-
-    def get_created_by(self, key) -> str | None:
-        return key.created_by.get_username() if key.created_by else None
-
-
-class GatewayKeyCreatedSerializer(GatewayKeySerializer):
-    secret = serializers.CharField(help_text="The key itself: shown in this answer only, never again")
-
-    class Meta(GatewayKeySerializer.Meta):
-        fields = [*GatewayKeySerializer.Meta.fields, "secret"]
-
-
-class GatewayKeyCreateSerializer(serializers.Serializer):
-    name = api.TextField(max_length=services.KEY_NAME_MAX, help_text="What or who the key is for")
-    deployments = serializers.ListField(child=api.TextField(max_length=63), required=False, max_length=500,
-                                        help_text="Limit the key to these deployment names; left out or empty: every one")
-
-
-class GatewayKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """The gateway's API keys. Every role reads them (never their secret); Operators create and revoke them."""
-
-    queryset = GatewayKey.objects.select_related("created_by").order_by("-created_at", "-pk")
-    serializer_class = GatewayKeySerializer
-
-    @extend_schema(request=GatewayKeyCreateSerializer, responses={201: GatewayKeyCreatedSerializer})
-    def create(self, request):
-        """Create a key. The answer holds its ``secret`` once: the console keeps only its sha256."""
-        data = GatewayKeyCreateSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        key, secret = services.gateway_key_create(name=data.validated_data["name"],
-                                                  deployments=data.validated_data.get("deployments"), user=request.user)
-        key = self.get_queryset().get(pk=key.pk)
-        return Response({**GatewayKeySerializer(key).data, "secret": secret}, status=status.HTTP_201_CREATED)
-
-    @extend_schema(request=None, responses={204: None})
-    def destroy(self, request, pk=None):
-        """Revoke the key: the gateway refuses it within a second. It stays listed, with ``revoked_at``."""
-        services.gateway_key_revoke(key=self.get_object(), user=request.user)
-        return Response(status=status.HTTP_204_NO_CONTENT)

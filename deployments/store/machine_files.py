@@ -25,7 +25,6 @@ from console.jobs import JobContext, JobError
 from deployments.store.hub_token import hf_token
 from deployments.store import disk, downloads, hub
 from deployments.models import Copy, Deployment, ModelHolding, StoredModel
-from deployments.models import ModelFile as StoredFile
 from machines.agent_client import Agent, AgentError, FileSpec, ModelFile, ModelSpec, PlacedModel
 
 KIND = "model.copy"
@@ -235,7 +234,7 @@ def files_forgotten(machine, model: StoredModel) -> None:
     """The machine's agent removed the model (and the files no other model there uses): its transfers of
     those files are forgotten too, so that the next copy sends them again instead of taking them as held."""
     others = ModelHolding.objects.filter(machine=machine).exclude(model=model).values_list("model_id", flat=True)
-    still_used = set(StoredFile.objects.filter(model_id__in=list(others)).values_list("sha256", flat=True))
+    still_used = set(StoredModel.objects.filter(pk__in=list(others)).values_list("files__sha256", flat=True))
     gone = set(model.files.values_list("sha256", flat=True)) - still_used
     Transfer.objects.filter(member__machine=machine, digest__in=gone).delete()
 

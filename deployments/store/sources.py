@@ -21,8 +21,7 @@ from console.jobs import JobContext, JobError, job_start
 from console.models import Job
 from console.offers import Offer
 from console.roles import OPERATOR, Action
-from deployments import actions
-from deployments.store import hub
+from deployments.store import actions, hub
 
 KIND = "model.source-check"
 REACH = "Ask every machine to reach the hub"

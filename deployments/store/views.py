@@ -1,22 +1,19 @@
-"""The Models pages (the list with Add a model, a model's page and its buttons), the Gateway page (its keys and
-traffic), and the cluster card's switch.
+"""The Models pages (the list with Add a model, a model's page and its buttons), and the switch of the
+model-source card on a cluster's page.
 
 Views read the request, call a service (which checks the role: PermissionDenied is a 403) and render what
 pages.py gives them. Copy checks the role before it reads which cluster, so a Viewer is refused, not asked.
 """
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.template.loader import render_to_string
 from django.views.decorators.http import require_POST
 
 from clusters.models import Cluster
 from console import params
 from console.roles import role_of
-from deployments import actions, pages, services
-from deployments.store import sources
-from deployments.models import GatewayKey, StoredModel
+from deployments.models import StoredModel
+from deployments.store import actions, pages, services, sources
 
 
 def model_list(request):
@@ -115,49 +112,3 @@ def cluster_model_source(request, pk: int):
         messages.success(request, "Checking that every machine reaches the hub first." if job else
                          f"{cluster.name}'s machines get the next model from the server.")
     return redirect(cluster)
-
-
-# -- the Gateway page ----------------------------------------------------------------------------------
-
-
-def gateway(request):
-    return render(request, "deployments/gateway.html", pages.gateway_page(request, role_of(request.user)))
-
-
-def gateway_traffic(request):
-    """The page's figures, polled every few seconds: the traffic card, with the totals and the copies out of
-    rotation sent out of band (they change in Redis, with nothing in the database to push on)."""
-    context = pages.gateway_traffic(request)
-    html = [render_to_string("deployments/gateway.html#traffic", context, request=request),
-            render_to_string("deployments/gateway.html#stats", context | {"oob": True}, request=request),
-            render_to_string("deployments/gateway.html#rotation", context | {"oob": True}, request=request)]
-    return HttpResponse("".join(html))
-
-
-@require_POST
-def gateway_key_create(request):
-    """Create a key and show its secret in this answer, once: a 201 with the page, never stored, never cached.
-
-    Not a redirect to the page: the secret would have to wait somewhere (the session) to be shown there.
-    Its message names the key, not the secret (messages are the audit trail's words)."""
-    name, names = request.POST.get("name", ""), request.POST.getlist("deployments")
-    role = role_of(request.user)
-    try:
-        key, secret = services.gateway_key_create(name=name, deployments=names, user=request.user)
-    except ValidationError as exc:
-        _say(request, exc)
-        return render(request, "deployments/gateway.html",
-                      pages.gateway_page(request, role, form={"name": name, "deployments": names}), status=400)
-    messages.success(request, f"Created the key {key.name} ({key.prefix}…): copy it now, it is shown only this once.")
-    response = render(request, "deployments/gateway.html", pages.gateway_page(request, role, created=(key, secret)),
-                      status=201)
-    response["Cache-Control"] = "no-store"
-    return response
-
-
-@require_POST
-def gateway_key_revoke(request, pk: int):
-    key = get_object_or_404(GatewayKey, pk=pk)
-    services.gateway_key_revoke(key=key, user=request.user)
-    messages.success(request, f"Revoked the key {key.name} ({key.prefix}…): the gateway refuses it within a second.")
-    return redirect("gateway:page")

@@ -7,10 +7,9 @@ from clusters.choices import ClusterState, MemberState, ModelSource
 from clusters.models import Transfer
 from console import roles
 from console.models import Job
-from deployments import services
-from deployments.store import disk, machine_files
 from deployments.choices import ModelState
 from deployments.models import ModelFile, ModelHolding, StoredModel
+from deployments.store import disk, machine_files, services
 from machines.agent_client import AgentError, AgentErrorKind, PlacedModel
 from tests.builders import cluster_of, gpu_machine
 from tests.factories import UserFactory

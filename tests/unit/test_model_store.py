@@ -12,10 +12,9 @@ from django.core.management import CommandError, call_command
 from console import roles
 from console.jobs import job_run
 from console.models import Job
-from deployments import services
-from deployments.store import disk, downloads, hub
 from deployments.choices import ModelState
 from deployments.models import ModelFile, ModelHolding, StoredModel
+from deployments.store import disk, downloads, hub, services
 from lab import hub_models
 from lab.hub import HubServer
 from tests.factories import MachineFactory, UserFactory
