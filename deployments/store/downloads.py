@@ -25,11 +25,11 @@ from deployments.models import ModelFile, StoredModel
 
 KIND = "model.download"
 LIST = "Ask the hub for the files"
-ROOM = "Check the room in the store"
+SPACE = "Check the room in the store"
 FETCH = "Download the files"
 CHECK = "Check every file's digest"
 FACTS = "Read what the files say"
-STEPS = (LIST, ROOM, FETCH, CHECK, FACTS)
+STEPS = (LIST, SPACE, FETCH, CHECK, FACTS)
 
 PUSH_EVERY = 0.5
 
@@ -111,10 +111,10 @@ def _download(ctx: JobContext, model: StoredModel) -> None:
     held = listing.size - sum(t.hub_file.size for t in todo)
 
     folder = disk.downloads_dir(model.pk)
-    ctx.step(ROOM)
+    ctx.step(SPACE)
     on_disk = Meter(model, folder, 0).on_disk() if folder.is_dir() else 0
     disk.ensure_dirs()
-    if problem := disk.room_problem(max(listing.size - held - on_disk, 0)):
+    if problem := disk.disk_space_problem(max(listing.size - held - on_disk, 0)):
         raise JobError(problem, kind="not_retryable")
     ctx.detail(f"{disk.gb(listing.size - held)} to download; {disk.gb(held)} already in the store")
 
@@ -218,7 +218,7 @@ def model_import(*, directory: Path, repo: str, revision: str = "main", user=Non
     size = sum(full.stat().st_size for _, full in found)
     if StoredModel.objects.filter(repo=repo, revision=revision).exists():
         raise ValueError(f"The store holds {repo} at {revision} already: delete it first, or import it as another revision.")
-    if problem := disk.room_problem(size):
+    if problem := disk.disk_space_problem(size):
         raise ValueError(problem)
     hashed = [(path, full, disk.hash_file(full)) for path, full in found]
     commit = disk.manifest_id([(path, h.sha256) for path, _, h in hashed])

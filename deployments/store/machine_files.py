@@ -28,7 +28,7 @@ from deployments.models import Copy, Deployment, ModelHolding, StoredModel
 from machines.agent_client import Agent, AgentError, FileSpec, ModelFile, ModelSpec, PlacedModel
 
 KIND = "model.copy"
-ROOM = "Make room on the machines"
+SPACE = "Make room on the machines"
 COPY = "Copy the files"
 DOWNLOAD = "Download on each machine"
 PLACE = "Place the model"
@@ -37,7 +37,7 @@ TOKEN_SALT = "model-file"
 
 
 def copy_steps(cluster: Cluster) -> tuple[str, ...]:
-    return (ROOM, DOWNLOAD if cluster.model_source == ModelSource.MACHINES else COPY, PLACE)
+    return (SPACE, DOWNLOAD if cluster.model_source == ModelSource.MACHINES else COPY, PLACE)
 
 
 # -- the first copy's download token ------------------------------------------------------------
@@ -107,8 +107,8 @@ def files_to_members(ctx: JobContext, cluster: Cluster, model: StoredModel, memb
     spec = model_spec(model)
 
     if steps:
-        ctx.step(ROOM)
-    freed = [line for line in each(members, lambda m: _make_room(m, model)) if line]
+        ctx.step(SPACE)
+    freed = [line for line in each(members, lambda m: _make_disk_space(m, model)) if line]
     ctx.detail("; ".join(freed) if freed else "Every machine has room")
 
     board = ProgressBoard(cluster, also_push=lambda: deployments_pushed(cluster, model))
@@ -196,7 +196,7 @@ def _place(member: ClusterMember, model: StoredModel, spec: ModelSpec, *, stop_s
     return None
 
 
-def _make_room(member: ClusterMember, model: StoredModel) -> str | None:
+def _make_disk_space(member: ClusterMember, model: StoredModel) -> str | None:
     """Before a model arrives: when the machine's store is short of room for it, remove the models there
     that no copy needs (none has a copy before deployments), the least recently placed first."""
     need = sum(f.size for f in model.files.all())

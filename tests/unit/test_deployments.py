@@ -288,7 +288,7 @@ def test_a_copy_whose_machine_left_the_cluster_is_placed_on_another_with_room(cl
 
 
 def test_making_room_for_another_model_keeps_the_files_a_copy_on_the_machine_needs(cluster, model, fakes, operator):
-    from deployments.store import machine_files as model_copies
+    from deployments.store import machine_files
 
     deployment = services.deployment_create(ask=ask(cluster, model, copies=1), user=operator)
     member = cluster.members.get(machine=deployment.copy_rows.get().machine)
@@ -297,7 +297,7 @@ def test_making_room_for_another_model_keeps_the_files_a_copy_on_the_machine_nee
     fakes.answers[member.machine.name] = {"free_bytes": 1 * MiB}
 
     with pytest.raises(Exception, match="No model there can be removed to make room"):
-        model_copies._make_room(member, other)
+        machine_files._make_disk_space(member, other)
     assert not [c for c in fakes.calls if c[1] == "model_remove"]
 
 
