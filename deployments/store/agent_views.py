@@ -6,8 +6,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_http_methods
 
 from clusters.agent_views import file_response, open_whole
-from deployments.store import disk, machine_files
 from deployments.models import ModelFile
+from deployments.store import disk, machine_files
 
 
 @login_not_required

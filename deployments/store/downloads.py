@@ -17,11 +17,11 @@ from django.utils import timezone
 
 from console import live
 from console.jobs import JobContext, JobError
-from deployments.store.hub_token import hf_token
 from console.ticker import Ticker
-from deployments.store import disk, facts, hub
 from deployments.choices import ModelState
 from deployments.models import ModelFile, StoredModel
+from deployments.store import disk, facts, hub
+from deployments.store.hub_token import hf_token
 
 KIND = "model.download"
 LIST = "Ask the hub for the files"

@@ -22,9 +22,9 @@ from clusters.models import Cluster, ClusterMember, Transfer
 from clusters.transfer import ServerFile, distribute
 from console import live
 from console.jobs import JobContext, JobError
-from deployments.store.hub_token import hf_token
-from deployments.store import disk, downloads, hub
 from deployments.models import Copy, Deployment, ModelHolding, StoredModel
+from deployments.store import disk, downloads, hub
+from deployments.store.hub_token import hf_token
 from machines.agent_client import Agent, AgentError, FileSpec, ModelFile, ModelSpec, PlacedModel
 
 KIND = "model.copy"

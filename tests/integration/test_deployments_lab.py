@@ -17,9 +17,9 @@ import urllib.request
 
 import pytest
 
-from clusters.services import cluster_start, cluster_stop
 from clusters.choices import ClusterState
 from clusters.models import Cluster, HealthCheck
+from clusters.services import cluster_start, cluster_stop
 from console import roles
 from deployments import gateway_keys, services
 from deployments.choices import CopyState

@@ -7,9 +7,9 @@ from clusters.choices import ClusterState
 from console import roles
 from console.models import Job
 from deployments import services, serving
-from deployments.store import disk
 from deployments.choices import CopyState
 from deployments.models import Copy, Deployment, ModelFile
+from deployments.store import disk
 from tests.builders import cluster_of, gpu_machine, ready_model
 from tests.factories import UserFactory
 from tests.fakes import FakeAgents

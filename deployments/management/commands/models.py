@@ -10,8 +10,8 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from deployments.store import disk, downloads, hub
 from deployments.models import StoredModel
+from deployments.store import disk, downloads, hub
 
 USAGE = """\
   faden models                                       list the models in the server's store
