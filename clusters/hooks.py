@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from django.dispatch import Signal
 
@@ -33,6 +33,7 @@ class PageCard:
     context: Callable[[object, object], dict]  # (cluster, the viewer's role) -> context
 
 
+@runtime_checkable
 class ClusterExtension(Protocol):
     """What the cluster asks of an app that runs things on its machines."""
 

@@ -1,6 +1,6 @@
 """/api/settings/hugging-face-token/: whether the server's Hugging Face token is set and where from (every
 role), and setting, replacing and removing it (Administrators; the others get the role's 403). The page
-is deployments/store/hub_token_views.py; both call console/hub_token.py.
+is deployments/store/hub_token_views.py; both call deployments/store/hub_token.py.
 
 The token goes in (PUT) and never comes out: every answer is ``{"set": ..., "source": ...}``. Answers
 are JSON only: DRF's browsable pages fill their forms again with what was sent.

@@ -1,7 +1,7 @@
 """The Settings page (Administrators only): the console's own settings, now the server's Hugging Face token.
 
 The token's input is a password field that is never filled in again: the page says only whether a token
-is set and where it comes from (console/hub_token.py). Its form's POST is marked sensitive, so Django's
+is set and where it comes from (hub_token.py). Its form's POST is marked sensitive, so Django's
 error reports of a failed request show stars in place of the token.
 """
 from django import forms
