@@ -40,10 +40,12 @@ def main() -> None:
     from django.core.management import call_command
 
     from console.models import Job
-    from deployments import downloads, services
+    from deployments import services
     from deployments.choices import CopyState
     from deployments.forms import ask_from
     from deployments.models import Copy
+    from deployments.store import downloads
+    from deployments.store.services import model_copy, model_remove_from_machines
     from lab import hub_models
     from tests.harness import enrol, images_import, running
 
@@ -72,9 +74,9 @@ def main() -> None:
             sys.exit(f"not every copy serves: {states}")
 
         services.deployment_delete(deployment=deployment)
-        services.model_remove_from_machines(model)
+        model_remove_from_machines(model)
         started = time.monotonic()
-        services.model_copy(model, cluster)
+        model_copy(model, cluster)
         copy_seconds = time.monotonic() - started
         job = Job.objects.filter(kind="model.copy").latest("created_at")
         if job.state != "succeeded":

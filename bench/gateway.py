@@ -129,8 +129,8 @@ def console_setup(work: Path, engine_url: str, redis_url: str, prefix: str) -> t
     from django.utils import timezone
 
     call_command("migrate", verbosity=0)
+    from deployments.gateway_keys import gateway_key_create
     from deployments.models import Copy
-    from deployments.services import gateway_key_create
     from tests.builders import cluster_of, deployment_of, gpu_machine
 
     host, port = engine_url.removeprefix("http://").rsplit(":", 1)

@@ -44,7 +44,7 @@ def main() -> None:
     from clusters.choices import ClusterState
     from clusters.models import Cluster, ClusterMember, Transfer
     from console.models import Job
-    from deployments import services
+    from deployments.store import services
     from tests.harness import enrol
 
     call_command("migrate", verbosity=0)

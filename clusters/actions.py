@@ -6,6 +6,7 @@ the API answers with them: a refusal is written once.
 """
 from __future__ import annotations
 
+from clusters import hooks
 from clusters.choices import CAN_RETRY, CAN_START, CAN_STOP, CHECKED, ClusterState, MemberState, Role
 from clusters.models import Cluster, ClusterMember
 from clusters.steps import CANCELLABLE_KINDS
@@ -27,7 +28,9 @@ ADD = Action("adding machines to a cluster", OPERATOR)
 DELETE = Action("deleting a cluster", OPERATOR)
 SWITCH = Action("switching a cluster's runtime", OPERATOR)
 NETWORK = Action("changing a cluster's network", OPERATOR)
-DEPLOY = Action("deploying a model", OPERATOR)
+# Deploying is offered on the cluster's page and done by deployments (which import both from here): the
+# action and its rule are written once.
+DEPLOY = Action("deploying models", OPERATOR)
 REMOVE = Action("removing a machine from a cluster", OPERATOR)
 
 
@@ -69,12 +72,18 @@ def cluster_actions(cluster: Cluster, busy: Job | None, *, role: roles.Role | No
         "add": _offer(cluster, ADD, role, state == ClusterState.RUNNING, f"Machines join a running cluster; {name} is {label}.",
                       busy=busy, what="Add machines"),
         "delete": _offer(cluster, DELETE, role, state != ClusterState.DELETING, f"{name} is already being deleted.",
-                         busy=stop_busy, what="Delete it"),
+                         busy=stop_busy, what="Delete it").then(Offer(not (kept := hooks.delete_refusal(cluster)), kept or "")),
         "switch": _offer(cluster, SWITCH, role, not settling, f"{name} is {label}.", busy=busy, what="Switch the runtime"),
         "network": _offer(cluster, NETWORK, role, not settling, f"{name} is {label}.", busy=busy, what="Change the network"),
-        "deploy": _offer(cluster, DEPLOY, role, state == ClusterState.RUNNING,
-                         f"{name} is {label}: models are deployed on a running cluster.", busy=None, what=""),
+        "deploy": DEPLOY.offer(role).then(Offer(not (why := deploy_refusal(cluster)), why or "")),
     }
+
+
+def deploy_refusal(cluster: Cluster) -> str | None:
+    """Why models cannot be deployed on the cluster now (it is not running); None when they can."""
+    if cluster.state == ClusterState.RUNNING:
+        return None
+    return f"{cluster.name} is {cluster.get_state_display().lower()}: models are deployed on a running cluster."
 
 
 def member_remove(cluster: Cluster, member: ClusterMember, *, count: int, busy: Job | None, role: roles.Role | None) -> Offer:

@@ -14,9 +14,9 @@ from rest_framework.response import Response
 
 from clusters import choosing, hooks, planning, selectors, services, steps
 from clusters.choices import MemberState, Role
-from clusters.connection_api import ConnectionActions, ConnectionSerializer, connection_fields
+from clusters.connection_api import ConnectionSerializer, connection_fields
 from clusters.models import Cluster, ClusterMember, HealthCheck, Transfer
-from clusters.nccl_api import NcclTestActions, NcclTestSerializer, last_test
+from clusters.nccl_api import NcclTestSerializer, last_test
 from clusters.pages import network_view
 from console import api, params
 from console.models import Job
@@ -251,7 +251,10 @@ class NetworksSerializer(serializers.Serializer):
     networks = SharedNetworkSerializer(many=True)
 
 
-class ClusterViewSet(ConnectionActions, NcclTestActions, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """The clusters' own API. /api/clusters/ is this with what each part adds (the connection's certificate,
+    the NCCL test, the model source, the deployments), composed in config/cluster_api.py."""
+
     serializer_class = ClusterSerializer
 
     def get_serializer_class(self):

@@ -6,7 +6,7 @@ class ClustersConfig(AppConfig):
     verbose_name = "Clusters"
 
     def ready(self) -> None:
-        from clusters import heartbeats, hooks, nccl_card, nccl_tests, pages, services, steps
+        from clusters import heartbeats, nccl_tests, pages, services, steps
         from clusters.pruning import health_checks_prune
         from console.pruning import register_pruner
         from clusters.runners.start import members_abandoned, start_abandoned
@@ -18,9 +18,6 @@ class ClustersConfig(AppConfig):
         live.register("clusters", pages.render_clusters_topic)
         live.register("cluster", pages.render_cluster_topic, takes=live.an_id)
         live.register("probe", pages.render_probe_topic, takes=live.an_id)
-        # The cluster's own card among the registered ones: drawn first (deployments registers after).
-        hooks.page_card_register("connect", template="clusters/_connect_card.html", context=pages.connect_card)
-        hooks.page_card_register(nccl_tests.LIVE_PART, template="clusters/_nccl_card.html", context=nccl_card.nccl_card)
 
         # Every operation on a cluster survives its worker: the reaper hands it to another one.
         task = "clusters.tasks.cluster_job"

@@ -103,7 +103,7 @@ class SSHCertificateSerializer(serializers.Serializer):
 
 
 class ConnectionActions:
-    """The cluster viewset's certificate action (clusters/api.py mixes it in)."""
+    """The cluster viewset's certificate action (config/cluster_api.py mixes it in)."""
 
     @extend_schema(request=SSHCertificateRequestSerializer, responses={201: SSHCertificateSerializer})
     @action(detail=True, methods=["post"], url_path="ssh-certificates", renderer_classes=[renderers.JSONRenderer])

@@ -4,7 +4,7 @@ agent), record what was found, look again after about 20 s before repairing anyt
 The decisions are pure (policy.diagnose, policy.decide); this module asks the machines and
 records. A check runs outside any job: it only reads. A repair it decides is a job
 (services.cluster_restart, services.cluster_rejoin), so one runs per cluster at a time.
-Apps above clusters look at their own parts after each check (hooks.health_extensions_run).
+Apps above clusters look at their own parts after each check (their ClusterExtension's after_check).
 """
 from __future__ import annotations
 
@@ -46,11 +46,11 @@ def _ask(member: ClusterMember, gcs: str) -> dict:
                     answer["ray"] = agent.ray_status(head=gcs, timeout=45).raw
                 except AgentError as exc:
                     answer["ray_error"] = exc.message
-            for name, ask in hooks.health_questions().items():  # what apps above ask too (deployments: copies)
+            for extension in hooks.extensions():  # what apps above ask too (deployments: copies)
                 try:
-                    answer[name] = ask(agent, member)
+                    answer[extension.name] = extension.health_question(agent, member)
                 except AgentError as exc:
-                    answer[f"{name}_error"] = exc.message
+                    answer[f"{extension.name}_error"] = exc.message
     except AgentError as exc:
         answer["error"] = exc.message
     finally:
@@ -187,7 +187,7 @@ def cluster_check_run(*, cluster_id: int, trigger: str, detail: str = "", first_
         else:
             if decision.outcome != policy.UNANSWERED:
                 _record_member_states(cluster, members, findings, answers, decision)
-                hooks.health_extensions_run(cluster, answers)
+                hooks.after_check(cluster, answers)
             _act(cluster, check, decision)
         check.finished_at = timezone.now()
         check.save()

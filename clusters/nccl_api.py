@@ -81,7 +81,7 @@ def last_test(cluster) -> dict | None:
 
 
 class NcclTestActions:
-    """The cluster viewset's NCCL test actions (clusters/api.py mixes them in)."""
+    """The cluster viewset's NCCL test actions (config/cluster_api.py mixes them in)."""
 
     @extend_schema(methods=["GET"], request=None, responses={200: NcclTestSerializer(many=True)})
     @extend_schema(methods=["POST"], request=NcclTestStartSerializer,

@@ -24,7 +24,7 @@ from console.offers import ALLOWED, Offer
 from console.roles import OPERATOR, Action
 
 RUN = Action("running the NCCL test", OPERATOR)
-LIVE_PART = "nccl"  # the part of the cluster's page topic that renders the card alone (hooks.page_card)
+LIVE_PART = "nccl"  # the part of the cluster's page topic that renders the card alone (pages.page_cards)
 JOB_TARGET = "nccl_test"  # the job acts on the test's row, not the cluster: it holds up no operation on it
 STOPPED_WORKER = "The worker running the test stopped before it finished: run it again."
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from django.template.loader import render_to_string
 
-from clusters import actions, connection_info, hooks, nccl_card, planning, selectors
+from clusters import actions, connection_info, hooks, nccl_card, nccl_tests, planning, selectors
 from clusters.choices import MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, NetworkMeasurement
 from clusters.shared_files import shared_sentence
@@ -190,10 +190,18 @@ def render_connect_card(page: dict) -> str:
                             {"cluster": page["cluster"], "role": page["role"], "connect": page["connect"], "oob": True})
 
 
+def page_cards() -> list[hooks.PageCard]:
+    """The cards below the cluster's members: its own first (the connection, the NCCL test), then those of
+    the apps above (deployments' models, say)."""
+    return [hooks.PageCard("connect", template="clusters/_connect_card.html", context=connect_card),
+            hooks.PageCard(nccl_tests.LIVE_PART, template="clusters/_nccl_card.html", context=nccl_card.nccl_card),
+            *hooks.extension_cards()]
+
+
 def extra_cards(cluster: Cluster, role: roles.Role | None) -> dict:
-    """The cards other apps registered (deployments' models, say), with their context for ``role`` merged in."""
+    """The cards of ``page_cards``, with their context for ``role`` merged in."""
     context: dict = {"extra_cards": []}
-    for card in hooks.page_cards():
+    for card in page_cards():
         context |= card.context(cluster, role)
         context["extra_cards"].append(card.template)
     return context
@@ -221,7 +229,7 @@ def render_cluster_topic(arg: str, part: str, role: roles.Role) -> list[str]:
     if part == "checks":
         return [render_to_string("clusters/cluster_detail.html#checks-live",
                                  cluster_cards(cluster, role=role, status=False) | checks_card(cluster) | {"oob": True})]
-    if (card := hooks.page_card(part)) is not None:  # a registered card alone (the NCCL test's, after each size)
+    if (card := next((c for c in page_cards() if c.name == part), None)) is not None:  # a card alone (the NCCL test's, after each size)
         return [render_to_string(card.template, {"cluster": cluster, "role": role, "oob": True} | card.context(cluster, role))]
     page = cluster_page(cluster, role=role)
     return [render_to_string("clusters/cluster_detail.html#live", page | {"oob": True}) + render_connect_card(page)

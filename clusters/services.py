@@ -250,15 +250,12 @@ def cluster_stop_unconfirmed(*, cluster: Cluster, failures: list[str]) -> str:
 
 
 def cluster_delete(*, cluster: Cluster, user=None) -> Job | None:
-    """Delete: refused while something registered refuses it (deployments); a job stops what runs on the
+    """Delete: refused while an extension refuses it (deployments on it); a job stops what runs on the
     machines that answer and takes the node settings off them, then the record goes; a cluster whose
     machines are all offline goes at once (None)."""
     with transaction.atomic():
         cluster = cluster_locked(cluster)
-        _actions(cluster, user)["delete"].check()
-        blockers = hooks.delete_blockers(cluster)
-        if blockers:
-            raise ValidationError(" ".join(blockers))
+        _actions(cluster, user)["delete"].check()  # with what an app above refuses it for (deployments on it)
         _cancel_start(cluster)
         members = list(cluster.members.select_related("machine"))
         online = [m for m in members if m.machine.state != MachineState.OFFLINE]

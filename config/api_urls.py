@@ -2,16 +2,18 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
+from config.cluster_api import ClusterApiViewSet
 from console.audit_api import AuditEntryViewSet
-from console.settings_api import HfTokenView
-from deployments.api import ClusterModelSourceViewSet, GatewayKeyViewSet, ModelViewSet
-from deployments.deployment_api import DeploymentViewSet
+from deployments.api import DeploymentViewSet
+from deployments.gateway_api import GatewayKeyViewSet
+from deployments.store.api import ModelViewSet
+from deployments.store.hub_token_api import HfTokenView
 from machines.api import MachineViewSet
 from machines.profile_api import ProfileKeyViewSet
 
 router = DefaultRouter()
 router.register("machines", MachineViewSet, basename="machine")
-router.register("clusters", ClusterModelSourceViewSet, basename="cluster")
+router.register("clusters", ClusterApiViewSet, basename="cluster")
 router.register("models", ModelViewSet, basename="model")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("audit", AuditEntryViewSet, basename="audit")

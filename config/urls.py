@@ -7,7 +7,7 @@ from django.views.generic import RedirectView
 
 from clusters.agent_views import runtime_image_download
 from console import views
-from deployments.agent_views import model_file_download
+from deployments.store.agent_views import model_file_download
 from machines.agent_views import agent_heartbeat
 
 urlpatterns = [
@@ -21,11 +21,11 @@ urlpatterns = [
     path("users/<id:pk>/node-logins/", views.user_node_logins, name="user-node-logins"),
     path("machines/", include("machines.urls")),
     path("clusters/", include("clusters.urls")),
-    path("models/", include("deployments.model_urls")),
+    path("models/", include("deployments.store.urls")),
     path("deployments/", include("deployments.urls")),
     path("gateway/", include("deployments.gateway_urls")),
     path("audit/", views.audit_list, name="audit"),
-    path("settings/", include("console.settings_urls")),
+    path("settings/", include("deployments.store.settings_urls")),
     path("profile/", include("machines.profile_urls")),
     path("agent/heartbeat/", agent_heartbeat, name="agent-heartbeat"),
     path("agent/images/<str:digest>/", runtime_image_download, name="agent-image-download"),

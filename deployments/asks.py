@@ -7,7 +7,7 @@ from fractions import Fraction
 from django.conf import settings
 
 from clusters.models import Cluster
-from deployments import placement, rooms
+from deployments import placement, placement_input
 from deployments.models import Deployment, StoredModel
 
 
@@ -30,11 +30,11 @@ class DeployAsk:
 
     @property
     def kind(self) -> placement.GpuKind:
-        return rooms.gpu_kind(self.vendor, self.gpu_model, self.gpu_memory_mib)
+        return placement_input.gpu_kind(self.vendor, self.gpu_model, self.gpu_memory_mib)
 
     def wanted(self, count: int, *, deployment_id: int = 0, first: int = 1) -> list[placement.CopyWanted]:
         return [placement.CopyWanted(key=f"c{first + i}", deployment=deployment_id, gpus=Fraction(self.gpu_quarters, 4),
-                                     memory_per_gpu_bytes=self.memory_per_gpu_mib * rooms.MIB, kind=self.kind, arch=self.arch)
+                                     memory_per_gpu_bytes=self.memory_per_gpu_mib * placement_input.MIB, kind=self.kind, arch=self.arch)
                 for i in range(count)]
 
 

@@ -1,12 +1,12 @@
 from django.urls import path
 
-from deployments import views
+from deployments import gateway_views
 
 app_name = "gateway"
 
 urlpatterns = [
-    path("", views.gateway, name="page"),
-    path("traffic/", views.gateway_traffic, name="traffic"),
-    path("keys/", views.gateway_key_create, name="key-create"),
-    path("keys/<id:pk>/revoke/", views.gateway_key_revoke, name="key-revoke"),
+    path("", gateway_views.gateway, name="page"),
+    path("traffic/", gateway_views.gateway_traffic, name="traffic"),
+    path("keys/", gateway_views.gateway_key_create, name="key-create"),
+    path("keys/<id:pk>/revoke/", gateway_views.gateway_key_revoke, name="key-revoke"),
 ]

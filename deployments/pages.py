@@ -1,52 +1,17 @@
-"""What the models' and deployments' pages and the Gateway page show, for a request or a websocket push,
-for the viewer's role."""
+"""What the deployments' pages show, for a request or a websocket push, for the viewer's role."""
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.paginator import Paginator
-from django.db.models import Count, Q
-from django.http.request import split_domain_port
 from django.template.loader import render_to_string
 
 from clusters.models import ClusterMember, Transfer
 from clusters.pages import transfer_bars
-from console import params, roles
+from console import roles
 from console.offers import Offer
-from deployments import actions, placement, rooms, selectors
-from deployments import serving as serving_module
-from deployments.choices import ROUTED, CopyState
-from deployments.gateway import failures, traffic
-from deployments.models import Deployment, GatewayKey, StoredModel
-
-
-def models_page(role: roles.Role | None) -> dict:
-    return {"models": list(selectors.models_list()), "add": actions.ADD.offer(role), "role": role}
-
-
-def model_page(model: StoredModel, role: roles.Role | None) -> dict:
-    facts = model.facts or {}
-    return {
-        "model": model,
-        "files": list(model.files.all()),
-        "where": selectors.model_where(model),
-        "jobs": selectors.model_jobs(model),
-        "job": selectors.model_active_job(model),
-        "targets": selectors.copy_targets(),
-        "actions": actions.model_actions(model, role=role),
-        "facts": facts,
-        "role": role,
-    }
-
-
-def render_models_topic(arg: str, part: str, role: roles.Role) -> list[str]:
-    return [render_to_string("deployments/model_list.html#rows", models_page(role) | {"oob": True})]
-
-
-def render_model_topic(arg: str, part: str, role: roles.Role) -> list[str]:
-    model = StoredModel.objects.filter(pk=int(arg)).first()
-    if model is None:
-        return [render_to_string("deployments/model_detail.html#deleted", {"oob": True})]
-    return [render_to_string("deployments/model_detail.html#live", model_page(model, role) | {"oob": True})]
+from deployments import actions, placement, placement_input, selectors, serving
+from deployments.choices import CopyState
+from deployments.gateway import traffic
+from deployments.models import Deployment
 
 
 # -- deployments ---------------------------------------------------------------------------------------
@@ -67,7 +32,7 @@ def deploy_form_page(*, cluster, model, role: roles.Role | None, values: dict | 
     from deployments.services import deployment_suggestion
 
     suggestion = deployment_suggestion(cluster=cluster, model=model) if cluster and model else {}
-    kinds = [(kind_value(k.kind.vendor, k.kind.model, k.kind.memory_bytes // rooms.MIB, k.arch), k)
+    kinds = [(kind_value(k.kind.vendor, k.kind.model, k.kind.memory_bytes // placement_input.MIB, k.arch), k)
              for k in suggestion.get("kinds", [])]
     initial = {}
     if suggestion.get("kind"):
@@ -105,10 +70,9 @@ def _slot_rows(placed, names: dict[int, str]) -> list[dict]:
 def deployment_page(deployment, role: roles.Role | None) -> dict:
     copies = list(deployment.copy_rows.select_related("machine"))
     copies_bars(deployment, copies)
-    serving = sum(1 for c in copies if c.state == CopyState.SERVING)
     return {
-        "deployment": deployment, "copies": copies, "serving": serving,
-        "job": serving_module.active_job(deployment), "jobs": selectors.deployment_jobs(deployment),
+        "deployment": deployment, "copies": copies, "serving": sum(1 for c in copies if c.state == CopyState.SERVING),
+        "job": serving.active_job(deployment), "jobs": selectors.deployment_jobs(deployment),
         "gpus_per_copy": deployment.gpus_label, "deploy": actions.DEPLOY.offer(role), "role": role,
     }
 
@@ -143,10 +107,10 @@ def deployment_change_page(deployment, *, role: roles.Role | None, values: dict 
     from deployments.forms import GPU_CHOICES, gib_shown, kind_value
 
     own = kind_value(deployment.gpu_vendor, deployment.gpu_model, deployment.gpu_memory_mib, deployment.arch)
-    own_kind = rooms.deployment_kind(deployment)
-    found = placement.kinds(rooms.cluster_rooms(deployment.cluster))
+    own_kind = placement_input.deployment_kind(deployment)
+    found = placement.kinds(placement_input.cluster_rooms(deployment.cluster))
     kinds = [(own if (k.kind, k.arch) == (own_kind, deployment.arch) else
-              kind_value(k.kind.vendor, k.kind.model, k.kind.memory_bytes // rooms.MIB, k.arch), k) for k in found]
+              kind_value(k.kind.vendor, k.kind.model, k.kind.memory_bytes // placement_input.MIB, k.arch), k) for k in found]
     if not any(value == own for value, _ in kinds):  # no machine of its kind is up: it is still its kind
         kinds.insert(0, (own, placement.KindFree(kind=own_kind, arch=deployment.arch, machines=0, gpus=0, free=0)))
     now = {"kind": own, "gpu_quarters": deployment.gpu_quarters, "memory_per_gpu_gib": gib_shown(deployment.memory_per_gpu_mib),
@@ -176,91 +140,3 @@ def render_deployment_topic(arg: str, part: str, role: roles.Role) -> list[str]:
     context = deployment_page(deployment, role) | {"oob": True}
     return [render_to_string("deployments/deployment_detail.html#header", context),
             render_to_string("deployments/deployment_detail.html#main", context)]
-# -- the Gateway page ----------------------------------------------------------------------------------
-
-KEYS_PER_PAGE = 50
-DEPLOYMENTS_PER_PAGE = 25
-REVOKED_SHOWN = 20
-
-
-def gateway_url(request) -> str:
-    """The URL clients use: FADEN_GATEWAY_URL, else this console's host name on the gateway's port (plain
-    HTTP: the gateway itself is not behind TLS until model traffic is encrypted)."""
-    if settings.FADEN_GATEWAY_URL:
-        return settings.FADEN_GATEWAY_URL
-    host, _ = split_domain_port(request.get_host())
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host or 'localhost'}:{settings.FADEN_GATEWAY_PORT}"
-
-
-def gateway_traffic(request) -> dict:
-    """What the Gateway page reads from Redis, with the deployments it is about: the totals, traffic per
-    deployment (a page of them, by name), the gateway processes that are up and the copies they took out of
-    rotation lately. The page renders it, and polls it every few seconds (it changes with nothing to push)."""
-    deployments = Paginator(
-        Deployment.objects.select_related("cluster", "model").annotate(
-            serving=Count("copy_rows", filter=Q(copy_rows__state__in=ROUTED)), total=Count("copy_rows"))
-        .order_by("name"), DEPLOYMENTS_PER_PAGE).get_page(params.int_param(request.GET, "page"))
-    figures = traffic.traffic([d.pk for d in deployments])
-    processes = traffic.gateway_processes()
-    # Each gateway process has its own rotation: a copy out in any of them is shown once.
-    out = list({copy["copy"]: copy for process in processes or [] for copy in process.get("out_of_rotation", [])}.values())
-    out_by_name: dict[str, set[int]] = {}
-    for copy in out:
-        out_by_name.setdefault(copy["name"], set()).add(copy["copy"])
-    rows = [{"deployment": d, "figures": figures.get(d.pk), "out": len(out_by_name.get(d.name, ()))} for d in deployments]
-    known = [f for f in figures.values()]
-    total = traffic.Traffic()
-    for f in known:
-        total.requests += f.requests
-        total.errors += f.errors
-        total.buckets = [a + b for a, b in zip(total.buckets, f.buckets)]
-    return {
-        "deployments": deployments,
-        "rows": rows,
-        "figures_missing": bool(rows) and not figures,
-        "total": total if known else None,
-        "serving_count": Deployment.objects.filter(copy_rows__state__in=ROUTED).distinct().count(),
-        "refused": traffic.gateway_refused(),
-        "processes": processes,
-        "out_of_rotation": out,
-        "recent_failures": failures.failures_recent(limit=5),
-    }
-
-
-def gateway_page(request, role: roles.Role | None, *, created: tuple | None = None, form: dict | None = None) -> dict:
-    """Keys (a page of the active ones, the latest revoked) and the traffic (``gateway_traffic``)."""
-    keys = Paginator(GatewayKey.objects.filter(revoked_at__isnull=True).select_related("created_by")
-                     .order_by("-created_at", "-pk"), KEYS_PER_PAGE).get_page(params.int_param(request.GET, "keys"))
-    revoked = GatewayKey.objects.filter(revoked_at__isnull=False).select_related("revoked_by").order_by("-revoked_at")
-    live = gateway_traffic(request)
-    rows = live["rows"]
-    secret = created[1] if created else ""
-    url = gateway_url(request)
-    example = next((row["deployment"].name for row in rows if row["deployment"].serving), None) or (
-        rows[0]["deployment"].name if rows else "MODEL")
-    if created and created[0].deployments:
-        example = created[0].deployments[0]
-    return live | {
-        "gateway_url": url,
-        "keys": keys,
-        "revoked": list(revoked[:REVOKED_SHOWN]),
-        "revoked_count": revoked.count(),
-        "names": list(Deployment.objects.order_by("name").values_list("name", flat=True)[:500]),
-        "create": actions.KEY_CREATE.offer(role),
-        "revoke": actions.KEY_REVOKE.offer(role),
-        "created": created[0] if created else None,
-        "secret": secret,
-        "example_model": example,
-        "curl": curl_example(url, secret or "$FADEN_KEY", example),
-        "form": form or {},
-        "role": role,
-    }
-
-
-def curl_example(url: str, secret: str, model: str) -> str:
-    return (f"curl {url}/v1/chat/completions \\\n"
-            f"  -H \"Authorization: Bearer {secret}\" \\\n"
-            f"  -H \"Content-Type: application/json\" \\\n"
-            f"  -d '{{\"model\": \"{model}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'")

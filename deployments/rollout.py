@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from console.choices import ErrorKind
 from console.jobs import JobContext, JobError
-from deployments import placement, rooms, serving
+from deployments import placement, placement_input, serving
 from deployments.asks import ask_of, port_range, slot_json
 from deployments.choices import CopyState
 from deployments.models import Copy, Deployment
@@ -56,7 +56,7 @@ def roll(ctx: JobContext, deployment_id: int) -> list[str]:
             serving.stops(deployment)
         last = deployment.copy_rows.order_by("-number").values_list("number", flat=True).first() or 0
         ask = ask_of(deployment, copies=1)
-        plan = placement.plan(rooms.cluster_rooms(deployment.cluster),
+        plan = placement.plan(placement_input.cluster_rooms(deployment.cluster),
                               ask.wanted(1, deployment_id=deployment.pk, first=last + 1), port_range=port_range())
         if plan.unplaced and copy.state == CopyState.SERVING:
             return [f"{copy} keeps serving: its replacement cannot be placed yet ({plan.unplaced[0].reason})"]

@@ -3,7 +3,7 @@
 ``deployment.apply`` (a job on the deployment, so the cluster's own actions are never blocked by it):
 
 1. *Copy the model*: the machines of the copies it starts get the model's files first (the chain of
-   ``copies.files_to_members``, or each machine's own download, per the cluster's model source);
+   ``store/machine_files.files_to_members``, or each machine's own download, per the cluster's model source);
 2. *Start the copies*: each copy's engine is started by the agent of its (first) machine inside the
    cluster's runtime container, with exactly the GPUs and the port its slots name (``engine.vllm_command``);
    a copy over several machines first gets a Ray of its own on them (``copy_procs``);
@@ -34,12 +34,11 @@ from console.choices import JOB_ACTIVE, ErrorKind, JobState
 from console.jobs import JobContext, JobError, Operation, Step, job_start
 from console.lifecycle import InvalidTransition
 from console.models import Job
-from deployments import copies as model_copies
-from deployments import copy_procs
-from deployments import engine, placement, rooms
+from deployments import copy_procs, engine, placement, placement_input
 from deployments.asks import ask_of, port_range, slot_json
 from deployments.choices import COPY_TRANSITIONS, HOLDS_ROOM, CopyState, ModelState
 from deployments.models import Copy, Deployment, ModelHolding
+from deployments.store import machine_files
 from machines.agent_client import Agent, AgentError
 
 KIND = "deployment.apply"
@@ -258,7 +257,7 @@ def _queued_placed_again(deployment: Deployment) -> None:
         return
     ask = ask_of(deployment)
     with transaction.atomic():
-        plan = placement.plan(rooms.cluster_rooms(deployment.cluster, leaving_out=[c.pk for c in waiting]),
+        plan = placement.plan(placement_input.cluster_rooms(deployment.cluster, leaving_out=[c.pk for c in waiting]),
                               ask.wanted(len(waiting), deployment_id=deployment.pk), port_range=port_range())
         for copy, placed in zip(waiting, plan.placed):
             Copy.objects.filter(pk=copy.pk).update(machine_id=placed.slots[0].machine_id, port=placed.slots[0].port,
@@ -291,7 +290,7 @@ def _files(ctx: JobContext, deployment: Deployment, mine: list[Copy]) -> list[Co
     if not lacking:
         ctx.detail("Every machine holds the model already")
         return mine
-    failed = model_copies.files_to_members(ctx, deployment.cluster, deployment.model, lacking, steps=False)
+    failed = machine_files.files_to_members(ctx, deployment.cluster, deployment.model, lacking, steps=False)
     failed_machines = {m.machine_id: failed[m.pk] for m in lacking if m.pk in failed}
     kept = []
     for copy in mine:

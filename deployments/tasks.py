@@ -5,7 +5,8 @@ from clusters.lifecycle import cluster_changed
 
 from console.jobs import job_run
 from console.models import Job
-from deployments import copies, copy_health, downloads, rollout, serving, sources
+from deployments import copy_health, rollout, serving
+from deployments.store import downloads, machine_files, sources
 
 
 @shared_task(acks_late=True)
@@ -25,13 +26,13 @@ def model_copy(job_id: int) -> None:
         cluster_changed(j.target_id, part="job")
         downloads.model_changed(model_id, part="job")
 
-    job_run(job_id, lambda ctx: copies.model_copy_run(ctx, cluster_id=job.target_id, model_id=model_id), on_change=changed)
+    job_run(job_id, lambda ctx: machine_files.model_copy_run(ctx, cluster_id=job.target_id, model_id=model_id), on_change=changed)
 
 
 @shared_task(acks_late=True)
 def model_remove(job_id: int) -> None:
     job = Job.objects.get(pk=job_id)
-    job_run(job_id, lambda ctx: copies.model_remove_run(ctx, model_id=job.target_id, machine_ids=job.params["machines"]),
+    job_run(job_id, lambda ctx: machine_files.model_remove_run(ctx, model_id=job.target_id, machine_ids=job.params["machines"]),
             on_change=lambda j: downloads.model_changed(j.target_id, part="job"))
 
 

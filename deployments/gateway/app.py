@@ -13,27 +13,20 @@ copy that took the request and closed the connection before a byte of its answer
 taken out the same way, and the request is sent once more, to one other copy: generating has no side
 effect but the work, and a request that kills engines then kills two, not every copy in turn.
 
-Nothing here touches the database or Redis on a request: the tables are refreshed in a thread every
-FADEN_GATEWAY_REFRESH seconds (``routes.py``), figures and failure reports are written by another
-every second (``traffic.py``). Errors are OpenAI's shape: ``{"error": {"message", "type", "param",
+Nothing here touches the database or Redis on a request: the background work (``background.py``) refreshes
+the tables in a thread every FADEN_GATEWAY_REFRESH seconds (``routes.py``), writes figures and failure
+reports from another every second (``traffic.py``), and probes the copies out of rotation. Errors are OpenAI's shape: ``{"error": {"message", "type", "param",
 "code"}}``.
 """
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import os
-import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import UTC, datetime
 
-from deployments.gateway import failures, keys, traffic, upstream
-from deployments.gateway.routes import CopyRoute, DeploymentRoute, KeyEntry, RouteTable, Snapshot, snapshot_load
-
-log = logging.getLogger("fadenstack.gateway")
+from deployments.gateway import keys, upstream
+from deployments.gateway.background import BackgroundWork, GatewayConfig
+from deployments.gateway.routes import CopyRoute, DeploymentRoute, KeyEntry, snapshot_load
 
 FORWARDED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
 # Request headers a copy gets from the client (not the key: the gateway is the one that checks it).
@@ -43,28 +36,6 @@ HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"p
                         b"transfer-encoding", b"upgrade", b"server", b"date"})
 JSON_HEADERS = [(b"content-type", b"application/json")]
 NAMES_SHOWN = 20  # deployments named in an error at most
-KEY_USE_WRITTEN_EVERY = 60.0  # seconds: a key's last_used_at is written at most this often
-
-
-@dataclass(frozen=True)
-class GatewayConfig:
-    redis_url: str
-    prefix: str  # of the gateway's Redis keys (FADEN_GATEWAY_REDIS_PREFIX)
-    refresh_every: float = 0.5  # seconds between two reads of the routes and keys
-    flush_every: float = 1.0  # seconds between two writes of the figures and failure reports
-    probe_every: float = 1.0  # seconds between two looks at the /health of copies out of rotation
-    connect_timeout: float = 2.0
-    read_timeout: float = 600.0  # a non-streamed answer; a stream waits as long as the copy takes
-    max_body: int = 32 * 1024 * 1024
-
-    @classmethod
-    def from_settings(cls) -> GatewayConfig:
-        from django.conf import settings
-
-        return cls(redis_url=settings.REDIS_URL, prefix=settings.FADEN_GATEWAY_REDIS_PREFIX,
-                   refresh_every=settings.FADEN_GATEWAY_REFRESH, probe_every=settings.FADEN_GATEWAY_PROBE,
-                   connect_timeout=settings.FADEN_GATEWAY_CONNECT_TIMEOUT, read_timeout=settings.FADEN_GATEWAY_READ_TIMEOUT,
-                   max_body=settings.FADEN_GATEWAY_MAX_BODY)
 
 
 class ClientGone(Exception):
@@ -72,26 +43,13 @@ class ClientGone(Exception):
 
 
 class Gateway:
-    """The ASGI application (one per process); ``load`` reads the tables (the database by default)."""
+    """The ASGI application (one per process): the request path. ``load`` reads the tables (the database by default)."""
 
     def __init__(self, config: GatewayConfig, *, load=snapshot_load):
         self.config = config
-        self.load = load
-        self.table = RouteTable()
-        self.counts = traffic.Counts()
-        self.reports: list[dict] = []  # failure reports not yet written to Redis
-        self.keys_used: dict[int, float] = {}  # key id -> when last used, since the last refresh
-        self.keys_written: dict[int, float] = {}  # key id -> when its last_used_at was last written
-        self.process = f"{socket.gethostname()}:{os.getpid()}"
-        self.refreshed_at: float | None = None
-        self.refresh_error = ""
-        self.flush_error = ""
+        self.background = BackgroundWork(config, load=load)
+        self.table = self.background.table  # read here on each request, refreshed in place by the background work
         self.pool: upstream.Pool | None = None
-        self.tasks: list[asyncio.Task] = []
-        # One thread for the database (one connection, kept), one for Redis: neither waits on the other.
-        self.db_thread = ThreadPoolExecutor(1, thread_name_prefix="gateway-db")
-        self.redis_thread = ThreadPoolExecutor(1, thread_name_prefix="gateway-redis")
-        self.redis = None
 
     @classmethod
     def from_settings(cls) -> Gateway:
@@ -121,139 +79,15 @@ class Gateway:
                 return
 
     async def start(self) -> None:
-        """The connection pool, the first tables (so the first request finds its routes), the background loops."""
+        """The connection pool, then the background work: the first tables (so the first request finds its
+        routes) and the loops."""
         self.pool = upstream.Pool(connect_timeout=self.config.connect_timeout)
-        self.redis = traffic.redis_client(self.config.redis_url)
-        await self.refresh()
-        self.tasks = [asyncio.create_task(self._every(self.config.refresh_every, self.refresh)),
-                      asyncio.create_task(self._every(self.config.flush_every, self.flush)),
-                      asyncio.create_task(self._every(self.config.probe_every, self.probe))]
-        log.info("Gateway %s up: %d deployments, %d serving copies, %d keys", self.process,
-                 len(self.table.deployments), len(self.table.copies), len(self.table.keys))
+        await self.background.start(self.pool)
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        self.tasks = []
-        await self.flush()  # the last second's figures and reports
+        await self.background.stop()
         if self.pool is not None:
             self.pool.close()
-        await asyncio.get_running_loop().run_in_executor(self.db_thread, _database_close)
-        self.db_thread.shutdown(wait=False)
-        self.redis_thread.shutdown(wait=False)
-
-    async def _every(self, seconds: float, work) -> None:
-        while True:
-            await asyncio.sleep(seconds)
-            try:
-                await work()
-            except Exception:  # a loop that stops would leave the gateway blind: log it and go on
-                log.exception("Gateway background work failed: %s", getattr(work, "__name__", work))
-
-    # -- the tables ----------------------------------------------------------------------------------------
-
-    async def refresh(self) -> None:
-        """Read the routes and keys in the database thread (and write the keys' last use); apply them here."""
-        now = time.time()
-        used = {pk: at for pk, at in self.keys_used.items() if now - self.keys_written.get(pk, 0.0) >= KEY_USE_WRITTEN_EVERY}
-        self.keys_used = {}
-        for pk in used:
-            self.keys_written[pk] = now
-        try:
-            snapshot = await asyncio.get_running_loop().run_in_executor(self.db_thread, self._read_tables, used)
-        except Exception as exc:  # the last tables stay in force; said once, not twice a second
-            words = f"{type(exc).__name__}: {exc}"
-            if words != self.refresh_error:
-                log.error("The gateway could not read its routes (it keeps the last ones): %s", words)
-            self.refresh_error = words
-            for pk in used:
-                self.keys_written.pop(pk, None)
-            return
-        if self.refresh_error:
-            log.info("The gateway reads its routes again.")
-        self.refresh_error = ""
-        self.refreshed_at = time.time()
-        changes = self.table.apply(snapshot)
-        for copy in changes["added"]:
-            log.info("Routing %s to copy #%d at %s", copy.deployment, copy.number, copy.url)
-        for copy in changes["removed"]:
-            log.info("No longer routing %s to copy #%d at %s", copy.deployment, copy.number, copy.url)
-
-    def _read_tables(self, used: dict[int, float]) -> Snapshot:
-        """In the database thread: last use of the keys used lately, then the tables."""
-        from django.db import connection
-
-        try:
-            if used:
-                from deployments.models import GatewayKey
-
-                at = datetime.fromtimestamp(max(used.values()), UTC)
-                GatewayKey.objects.filter(pk__in=list(used)).update(last_used_at=at)
-            return self.load()
-        except Exception:
-            connection.close()  # a broken connection is opened again on the next try
-            raise
-
-    # -- figures and reports -------------------------------------------------------------------------------
-
-    async def flush(self) -> None:
-        counts, self.counts = self.counts, traffic.Counts()
-        reports, self.reports = self.reports, []
-        state = {
-            "deployments": len(self.table.deployments), "copies": len(self.table.copies), "keys": len(self.table.keys),
-            "out_of_rotation": [{"copy": c.id, "name": c.deployment, "number": c.number, "url": c.url, "why": c.out_reason}
-                                for c in self.table.out_of_rotation()],
-            "routes_read_at": self.refreshed_at, "routes_error": self.refresh_error,
-        }
-        try:
-            await asyncio.get_running_loop().run_in_executor(self.redis_thread, self._write, counts, reports, state)
-        except Exception as exc:
-            words = f"{type(exc).__name__}: {exc}"
-            if words != self.flush_error:  # said once, not every second
-                log.warning("The gateway could not write its figures to Redis (they are lost while it cannot): %s", words)
-            self.flush_error = words
-            self.reports = (reports + self.reports)[-failures.KEEP:]  # reports are sent again next time
-            return
-        if self.flush_error:
-            log.info("The gateway writes its figures to Redis again.")
-        self.flush_error = ""
-
-    def _write(self, counts: traffic.Counts, reports: list[dict], state: dict) -> None:
-        failures.failure_report(self.redis, self.config.prefix, reports)
-        traffic.counts_flush(self.redis, self.config.prefix, counts)
-        traffic.process_alive(self.redis, self.config.prefix, self.process, state)
-
-    def copy_failed(self, route: DeploymentRoute, copy: CopyRoute, words: str) -> None:
-        """Out of rotation at once; reported to the console once per time it goes out."""
-        if copy.take_out(words):
-            log.warning("Copy #%d of %s at %s is out of rotation: %s", copy.number, copy.deployment, copy.url, words)
-            self.reports.append({"copy": copy.id, "deployment": route.id, "name": copy.deployment, "number": copy.number,
-                                 "url": copy.url, "error": words, "at": datetime.now(UTC).isoformat(timespec="seconds"),
-                                 "gateway": self.process})
-
-    async def probe(self) -> None:
-        """Ask each copy out of rotation for its /health; a 200 puts it back. Closes connections long unused."""
-        self.pool.sweep()
-        out = self.table.out_of_rotation()
-        if out:
-            await asyncio.gather(*(self._probe(copy) for copy in out))
-
-    async def _probe(self, copy: CopyRoute) -> None:
-        head = upstream.request_head("GET", "/health", copy.host, copy.port, [], None)
-        try:
-            response = await self.pool.request(copy.host, copy.port, head, b"", timeout=self.config.connect_timeout)
-            try:
-                while await response.read(self.config.connect_timeout):
-                    pass
-            finally:
-                response.close()
-        except upstream.UpstreamError:
-            return
-        if response.status == 200 and copy.out:
-            copy.put_back()
-            log.info("Copy #%d of %s at %s answers its health check: back in rotation", copy.number, copy.deployment,
-                     copy.url)
 
     # -- requests ------------------------------------------------------------------------------------------
 
@@ -264,10 +98,10 @@ class Gateway:
             return
         key = self.authenticate(scope["headers"])
         if not isinstance(key, KeyEntry):
-            self.counts.refused += 1
+            self.background.counts.refused += 1
             await _error(send, 401, key, code="invalid_api_key")
             return
-        self.keys_used[key.id] = time.time()
+        self.background.keys_used[key.id] = time.time()
         method = scope["method"]
         if path in FORWARDED:
             if method != "POST":
@@ -354,7 +188,7 @@ class Gateway:
         finally:
             state["done"] = True
             watcher.cancel()
-            self.counts.record(route.id, seconds=time.perf_counter() - started, error=error)
+            self.background.counts.record(route.id, seconds=time.perf_counter() - started, error=error)
 
     async def _send_to_a_copy(self, scope, receive, send, route: DeploymentRoute, body: bytes, stream: bool) -> bool:
         """Forward to the least busy copy, and to the next one while copies refuse the connection (or, once, to
@@ -373,7 +207,7 @@ class Gateway:
                 try:
                     response = await self.pool.request(copy.host, copy.port, head, body, timeout=timeout)
                 except upstream.ConnectFailed as exc:
-                    self.copy_failed(route, copy, str(exc))
+                    self.background.copy_failed(route, copy, str(exc))
                     refused.append(f"copy #{copy.number}: {exc}")
                     continue
                 except upstream.TimedOut as exc:
@@ -381,7 +215,7 @@ class Gateway:
                                        kind="server_error", counted=False)
                     return True
                 except upstream.BrokeOff as exc:  # before a byte of its answer: the engine died or was killed
-                    self.copy_failed(route, copy, f"{exc}")
+                    self.background.copy_failed(route, copy, f"{exc}")
                     if not broke:  # sent once more, to one other copy (a request that kills engines kills two, not all)
                         broke.append(f"Copy #{copy.number} of '{route.name}' {exc}")
                         continue
@@ -416,7 +250,7 @@ class Gateway:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except upstream.BrokeOff as exc:
                 if not isinstance(exc, upstream.TimedOut):
-                    self.copy_failed(route, copy, str(exc))
+                    self.background.copy_failed(route, copy, str(exc))
                 if any(n == b"content-type" and v.startswith(b"text/event-stream") for n, v in response.headers):
                     event = {"error": {"message": f"Copy #{copy.number} of '{route.name}' {exc}.", "type": "server_error",
                                        "param": None, "code": "copy_failed"}}
@@ -436,7 +270,7 @@ class Gateway:
     async def _refuse(self, send, status: int, message: str, *, code: str, param: str | None = None,
                       kind: str = "invalid_request_error", counted: bool = True) -> None:
         if counted:
-            self.counts.refused += 1
+            self.background.counts.refused += 1
         await _error(send, status, message, code=code, param=param, kind=kind)
 
 
@@ -463,12 +297,6 @@ async def _read_body(receive, limit: int) -> bytes | None:
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
-
-
-def _database_close() -> None:
-    from django.db import connection
-
-    connection.close()
 
 
 async def _watch_disconnect(receive, task: asyncio.Task, state: dict) -> None:

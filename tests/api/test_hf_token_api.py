@@ -5,10 +5,11 @@ import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from console import huggingface, roles
-from console.huggingface import hf_token
+from console import roles
 from console.models import AuditEntry
 from console.roles import ADMINISTRATOR, OPERATOR, VIEWER
+from deployments.store import hub_token
+from deployments.store.hub_token import hf_token
 from tests.factories import NO_ROLE, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -20,7 +21,7 @@ TOKEN = "hf_ApiToken0123456789abcdef"
 @pytest.fixture(autouse=True)
 def sealed_here(settings, tmp_path, monkeypatch):
     settings.FADEN_SECRETS_KEY_PATH = tmp_path / "secrets.key"
-    monkeypatch.delenv(huggingface.ENV_VAR, raising=False)
+    monkeypatch.delenv(hub_token.ENV_VAR, raising=False)
 
 
 def client_as(role) -> APIClient:
@@ -58,7 +59,7 @@ def test_the_audit_trail_records_each_change_without_the_token(api_client):
 
 
 def test_the_environments_token_is_named_as_the_source_and_stays_after_a_remove(api_client, monkeypatch):
-    monkeypatch.setenv(huggingface.ENV_VAR, "hf_FromTheEnvironment")
+    monkeypatch.setenv(hub_token.ENV_VAR, "hf_FromTheEnvironment")
 
     put = api_client.put(URL, {"token": TOKEN}, format="json")
     removed = api_client.delete(URL)
@@ -85,7 +86,7 @@ def test_a_token_that_cannot_be_one_is_a_400_that_says_why(api_client, body, wor
 
 @pytest.mark.parametrize("role", [None, VIEWER, OPERATOR, ADMINISTRATOR], ids=str)
 def test_every_role_reads_whether_it_is_set_and_only_an_administrator_changes_it(role):
-    huggingface.hf_token_set(token=TOKEN, by=None)
+    hub_token.hf_token_set(token=TOKEN, by=None)
     client = client_as(role)
 
     read, put, delete = client.get(URL), client.put(URL, {"token": "hf_SomethingElse"}, format="json"), client.delete(URL)

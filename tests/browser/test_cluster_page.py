@@ -187,7 +187,7 @@ def deploy_scale_and_delete_a_model(page, gpu_room) -> None:
 
 def tiny_model():
     """The lab hub's small model, imported into the server's store from the hub's files on this host."""
-    from deployments import downloads
+    from deployments.store import downloads
     from lab import hub_models
 
     store = hub_models.ModelStore(hub_models.default_cache_dir())

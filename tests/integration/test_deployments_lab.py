@@ -17,14 +17,15 @@ import urllib.request
 
 import pytest
 
-from clusters import services as cluster_services
 from clusters.choices import ClusterState
 from clusters.models import Cluster, HealthCheck
+from clusters.services import cluster_start, cluster_stop
 from console import roles
-from deployments import downloads, services
+from deployments import gateway_keys, services
 from deployments.choices import CopyState
 from deployments.forms import ask_from
 from deployments.models import Copy, Deployment
+from deployments.store import downloads
 from lab import hub_models
 from machines.agent_client import Agent
 from machines.models import Machine
@@ -122,7 +123,7 @@ def test_a_model_deployed_called_scaled_repaired_stopped_started_and_served_thro
     first = dict(Copy.objects.filter(deployment=deployment).values_list("number", "pid"))
     assert len({c.machine_id for c in deployment.copy_rows.all()}) == 2  # spread
 
-    _, key = services.gateway_key_create(name="lab", user=operator)
+    _, key = gateway_keys.gateway_key_create(name="lab", user=operator)
     wait_for(lambda: chat(console, key)[0] != 401, timeout=5, what="the gateway to know the new key", every=0.2)
     status, body = chat(console, key)
     assert status == 200, body
@@ -150,11 +151,11 @@ def test_a_model_deployed_called_scaled_repaired_stopped_started_and_served_thro
     assert HealthCheck.objects.filter(cluster=cluster, outcome="repair", action__contains="Restarting tiny #1").exists()
 
     # Stop keeps the deployment; Start applies it again.
-    cluster_services.cluster_stop(cluster=Cluster.objects.get(pk=cluster.pk))
+    cluster_stop(cluster=Cluster.objects.get(pk=cluster.pk))
     wait_for(lambda: Cluster.objects.filter(pk=cluster.pk, state=ClusterState.STOPPED).exists(), timeout=60, what="Stopped")
     assert set(deployment.copy_rows.values_list("state", flat=True)) == {CopyState.STOPPED}
     assert chat(console, key)[0] == 503
-    cluster_services.cluster_start(cluster=Cluster.objects.get(pk=cluster.pk))
+    cluster_start(cluster=Cluster.objects.get(pk=cluster.pk))
     wait_for(lambda: all_up("serve", 3), timeout=120, what="Running again")
     wait_for(serving(3), timeout=120, what="the copies serving again after Start")
     # The gateway picks up copies within a second of their Serving.

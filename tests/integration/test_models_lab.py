@@ -11,15 +11,15 @@ import pytest
 
 from clusters.choices import ClusterState, ModelSource
 from clusters.models import Cluster, Transfer
-from console.huggingface import hf_token_set
 from console.models import Job
-from deployments import services, sources
 from deployments.choices import ModelState
 from deployments.models import ModelHolding
-from machines.agent_client import Agent
-from machines.models import Machine
+from deployments.store import services, sources
+from deployments.store.hub_token import hf_token_set
 from lab import hub_models
 from lab.hub import HubServer
+from machines.agent_client import Agent
+from machines.models import Machine
 from tests.builders import cluster_of
 from tests.harness import enrol, leave_nothing_running, wait_for
 

@@ -16,8 +16,11 @@ from tests.fakes import FakeAgents
 
 sys.dont_write_bytecode = True  # keep agent/ free of __pycache__, as tests/agent does
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "agent"))
-from fadenstack_agent import __main__ as agent_main  # noqa: E402,F401 - declares the agent's commands
+from fadenstack_agent import __main__ as agent_main  # noqa: E402
 from fadenstack_agent import cli  # noqa: E402
+
+# The agent imports a command's module only when that command runs: declare them all, as `known: ...` does.
+agent_main.load_commands()
 
 AGENT = ["/usr/bin/python3", "/opt/fadenstack/agent/a.pyz"]
 TOKEN = "hf_secret_in_stdin_only"

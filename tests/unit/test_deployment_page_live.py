@@ -9,10 +9,12 @@ from django.utils import timezone
 from clusters.choices import ClusterState
 from clusters.models import ClusterMember, Transfer
 from console import live, roles
-from deployments import services, store
+from deployments import gateway_keys
 from deployments.choices import CopyState
 from deployments.gateway import traffic
 from deployments.models import Copy, ModelFile
+from deployments.store import disk
+from deployments.store.services import model_copy
 from tests.builders import cluster_of, deployment_of, gpu_machine, ready_model
 from tests.factories import UserFactory
 from tests.fakes import FakeAgents
@@ -99,7 +101,7 @@ def test_the_traffic_fragment_of_a_deleted_deployment_stops_the_polling(llama):
 
 def test_the_gateway_page_polls_its_figures_and_keeps_the_keys_outside(llama, gateway_redis):
     client = signed_in(roles.OPERATOR)
-    services.gateway_key_create(name="support-bot")
+    gateway_keys.gateway_key_create(name="support-bot")
     page = client.get("/gateway/?page=1").content.decode()
     assert "{#" not in page and "{%" not in page
     card = page.split('id="gateway-traffic"')[1].split(">")[0]
@@ -154,7 +156,7 @@ def test_a_model_s_files_travelling_push_the_pages_of_its_deployments_on_that_cl
     cluster = cluster_of([gpu_machine("lab-a", 11), gpu_machine("lab-b", 12)], state=ClusterState.STOPPED)
     model = ready_model("org/chat")
     ModelFile.objects.create(model=model, path="model.safetensors", size=40 * 2**20, sha256="2" * 64,
-                             chunk_size=store.CHUNK_SIZE, chunk_hashes=["b" * 64] * 5)
+                             chunk_size=disk.CHUNK_SIZE, chunk_hashes=["b" * 64] * 5)
     here = deployment_of(cluster, model, name="chat")
     elsewhere = deployment_of(cluster_of([gpu_machine("lab-c", 13)], name="other-room"), model, name="chat-2")
     other_model = deployment_of(cluster, ready_model("org/other"), name="other")
@@ -162,7 +164,7 @@ def test_a_model_s_files_travelling_push_the_pages_of_its_deployments_on_that_cl
     pushed = []
     monkeypatch.setattr(live, "push", lambda topic, part="": pushed.append(topic))
 
-    services.model_copy(model, cluster, user=UserFactory(role=roles.OPERATOR))
+    model_copy(model, cluster, user=UserFactory(role=roles.OPERATOR))
 
     assert f"deployment:{here.pk}" in pushed and f"cluster:{cluster.pk}" in pushed
     assert f"deployment:{elsewhere.pk}" not in pushed and f"deployment:{other_model.pk}" not in pushed

@@ -124,8 +124,8 @@ def test_the_live_topics_render_the_list_and_the_page(cluster, model, monkeypatc
 
 
 def test_a_model_not_in_the_store_is_added_from_the_form_and_chosen(operator_client, cluster, model, monkeypatch):
-    from deployments import services
     from deployments.models import StoredModel
+    from deployments.store import services
 
     started = []
     monkeypatch.setattr(services, "_download_start", lambda m, user: started.append(m.repo))
@@ -139,8 +139,8 @@ def test_a_model_not_in_the_store_is_added_from_the_form_and_chosen(operator_cli
 
 
 def test_a_bad_repository_in_the_form_says_why_and_adds_nothing(operator_client, cluster, model, monkeypatch):
-    from deployments import services
     from deployments.models import StoredModel
+    from deployments.store import services
 
     monkeypatch.setattr(services, "_download_start", lambda m, user: pytest.fail("nothing may start"))
     response = operator_client.post("/deployments/new/model/", {"cluster": cluster.pk, "repo": "../etc/passwd"})

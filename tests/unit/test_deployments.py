@@ -6,9 +6,10 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from clusters.choices import ClusterState
 from console import roles
 from console.models import Job
-from deployments import serving, services, store
+from deployments import services, serving
 from deployments.choices import CopyState
 from deployments.models import Copy, Deployment, ModelFile
+from deployments.store import disk
 from tests.builders import cluster_of, gpu_machine, ready_model
 from tests.factories import UserFactory
 from tests.fakes import FakeAgents
@@ -30,7 +31,7 @@ def model():
     model.facts["gpu_memory_bytes"] = int(16 * 2**30 * 1.2)
     model.save(update_fields=["facts"])
     ModelFile.objects.create(model=model, path="model.safetensors", size=40 * MiB, sha256="2" * 64,
-                             chunk_size=store.CHUNK_SIZE, chunk_hashes=["b" * 64] * 5)
+                             chunk_size=disk.CHUNK_SIZE, chunk_hashes=["b" * 64] * 5)
     return model
 
 
@@ -287,7 +288,7 @@ def test_a_copy_whose_machine_left_the_cluster_is_placed_on_another_with_room(cl
 
 
 def test_making_room_for_another_model_keeps_the_files_a_copy_on_the_machine_needs(cluster, model, fakes, operator):
-    from deployments import copies as model_copies
+    from deployments.store import machine_files
 
     deployment = services.deployment_create(ask=ask(cluster, model, copies=1), user=operator)
     member = cluster.members.get(machine=deployment.copy_rows.get().machine)
@@ -296,7 +297,7 @@ def test_making_room_for_another_model_keeps_the_files_a_copy_on_the_machine_nee
     fakes.answers[member.machine.name] = {"free_bytes": 1 * MiB}
 
     with pytest.raises(Exception, match="No model there can be removed to make room"):
-        model_copies._make_room(member, other)
+        machine_files._make_disk_space(member, other)
     assert not [c for c in fakes.calls if c[1] == "model_remove"]
 
 

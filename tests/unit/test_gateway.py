@@ -12,10 +12,11 @@ import pytest
 import uvicorn
 from django.utils import timezone
 
-from deployments import services
+from deployments import gateway_keys
 from deployments.choices import CopyState
 from deployments.gateway import failures, traffic
-from deployments.gateway.app import Gateway, GatewayConfig
+from deployments.gateway.app import Gateway
+from deployments.gateway.background import GatewayConfig
 from deployments.gateway.routes import CopyRoute, DeploymentRoute, RouteTable, Snapshot
 from deployments.models import Copy, GatewayKey
 from tests.builders import cluster_of, deployment_of, gpu_machine, ready_model
@@ -116,7 +117,7 @@ def serving(deployment, upstream: Upstream | int, number: int = 1, *, state=Copy
 
 
 def a_key(**options) -> str:
-    return services.gateway_key_create(name=options.pop("name", "tests"), **options)[1]
+    return gateway_keys.gateway_key_create(name=options.pop("name", "tests"), **options)[1]
 
 
 def chat(client: httpx.Client, model: str, content: str = "hello", **extra) -> httpx.Response:
@@ -465,7 +466,7 @@ def test_keys_missing_wrong_revoked_and_limited_are_refused_in_words(cluster, up
     llama = deployment_of(cluster, name="llama")
     serving(llama, upstreams("llama"))
     serving(deployment_of(cluster, ready_model("org/qwen"), name="qwen"), upstreams("qwen"))
-    key, secret = services.gateway_key_create(name="revoked soon")
+    key, secret = gateway_keys.gateway_key_create(name="revoked soon")
     limited = a_key(deployments=["qwen"])
     gateway = start_gateway()
 
@@ -473,7 +474,7 @@ def test_keys_missing_wrong_revoked_and_limited_are_refused_in_words(cluster, up
     wrong = chat(gateway.client("fs-" + "x" * 43), "llama")
     not_bearer = gateway.client(None).post(CHAT, json={"model": "llama"}, headers={"Authorization": f"Basic {secret}"})
     assert chat(gateway.client(secret), "llama").status_code == 200
-    services.gateway_key_revoke(key=key)
+    gateway_keys.gateway_key_revoke(key=key)
     revoked = wait_for(lambda: (r := chat(gateway.client(secret), "llama")).status_code == 401 and r, timeout=1)
     other_model = chat(gateway.client(limited), "llama")
 
@@ -492,7 +493,7 @@ def test_keys_missing_wrong_revoked_and_limited_are_refused_in_words(cluster, up
 
 def test_a_keys_last_use_is_written_by_the_gateway(cluster, upstreams, start_gateway):
     serving(deployment_of(cluster, name="llama"), upstreams("llama"))
-    key, secret = services.gateway_key_create(name="used")
+    key, secret = gateway_keys.gateway_key_create(name="used")
     client = start_gateway().client(secret)
 
     chat(client, "llama")

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from console import roles
 from console.models import AuditEntry
-from deployments import services
+from deployments import gateway_keys
 from deployments.choices import CopyState
 from deployments.gateway import traffic
 from deployments.models import Copy, GatewayKey
@@ -56,7 +56,7 @@ def test_the_page_shows_the_url_the_keys_and_each_deployments_traffic(llama, gat
         counts.record(llama.pk, seconds=seconds, error=error)
     traffic.counts_flush(client_redis, prefix, counts)
     traffic.process_alive(client_redis, prefix, "host:1", {"copies": 1, "out_of_rotation": []})
-    services.gateway_key_create(name="support-bot", deployments=["llama"])
+    gateway_keys.gateway_key_create(name="support-bot", deployments=["llama"])
 
     html = unescape(signed_in(roles.VIEWER).get("/gateway/", HTTP_HOST="console.example:8000").content.decode())
 
@@ -97,7 +97,7 @@ def test_a_refused_key_is_said_in_words_and_the_form_keeps_what_was_typed(llama)
 
 
 def test_revoke_is_behind_a_confirmation_and_refuses_the_key(llama):
-    key, _ = services.gateway_key_create(name="leaked")
+    key, _ = gateway_keys.gateway_key_create(name="leaked")
     operator = signed_in(roles.OPERATOR)
     html = operator.get("/gateway/").content.decode()
     assert f'data-dialog-open="revoke-{key.pk}"' in html and f'action="/gateway/keys/{key.pk}/revoke/"' in html
@@ -110,7 +110,7 @@ def test_revoke_is_behind_a_confirmation_and_refuses_the_key(llama):
 
 
 def test_a_viewer_sees_the_buttons_greyed_out_with_the_reason_and_cannot_post(llama):
-    key, _ = services.gateway_key_create(name="ops")
+    key, _ = gateway_keys.gateway_key_create(name="ops")
     viewer = signed_in(roles.VIEWER)
 
     html = viewer.get("/gateway/").content.decode()

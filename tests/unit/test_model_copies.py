@@ -8,9 +8,9 @@ from clusters.models import Transfer
 from console import roles
 from console.choices import ErrorKind
 from console.models import Job
-from deployments import copies, services, store
 from deployments.choices import ModelState
 from deployments.models import ModelFile, ModelHolding, StoredModel
+from deployments.store import disk, machine_files, services
 from machines.agent_client import AgentError
 from machines.agent_results import PlacedModel
 from tests.builders import cluster_of, gpu_machine
@@ -25,10 +25,10 @@ MiB = 1 << 20
 @pytest.fixture
 def model():
     model = StoredModel.objects.create(repo="org/chat", commit="c" * 40, state=ModelState.READY, bytes_total=40 * MiB)
-    ModelFile.objects.create(model=model, path="config.json", size=1000, sha256="1" * 64, chunk_size=store.CHUNK_SIZE,
+    ModelFile.objects.create(model=model, path="config.json", size=1000, sha256="1" * 64, chunk_size=disk.CHUNK_SIZE,
                              chunk_hashes=["a" * 64])
     ModelFile.objects.create(model=model, path="model.safetensors", size=40 * MiB - 1000, sha256="2" * 64,
-                             chunk_size=store.CHUNK_SIZE, chunk_hashes=["b" * 64] * 5)
+                             chunk_size=disk.CHUNK_SIZE, chunk_hashes=["b" * 64] * 5)
     return model
 
 
@@ -40,7 +40,7 @@ def cluster():
 
 def copy(model, cluster) -> Job:
     services.model_copy(model, cluster, user=UserFactory(role=roles.OPERATOR))
-    return Job.objects.get(kind=copies.KIND)
+    return Job.objects.get(kind=machine_files.KIND)
 
 
 def test_server_copies_send_one_copy_from_the_server_then_machine_to_machine(model, cluster, monkeypatch):
@@ -82,7 +82,7 @@ def test_no_room_and_nothing_to_remove_fails_in_words(model, cluster, monkeypatc
 def test_machine_downloads_hand_the_token_to_each_agent_and_never_to_the_job(model, cluster, monkeypatch, settings):
     fakes = FakeAgents().install(monkeypatch)
     settings.FADEN_HF_ENDPOINT = "http://198.18.0.250:8090"
-    monkeypatch.setattr(copies, "hf_token", lambda: "hf_secret_token_value")
+    monkeypatch.setattr(machine_files, "hf_token", lambda: "hf_secret_token_value")
     cluster.model_source = ModelSource.MACHINES
     cluster.save()
     job = copy(model, cluster)
@@ -110,10 +110,10 @@ def test_copies_are_refused_for_a_model_not_ready_a_busy_cluster_and_old_agents(
 def test_the_first_copy_is_served_only_with_a_token_for_that_file_cluster_and_machine(model, cluster, client, settings, tmp_path):
     settings.DATA_DIR = tmp_path
     weights = model.files.get(path="config.json")
-    store.ensure_dirs()
-    store.blob_path(weights.sha256).write_bytes(b"x" * weights.size)
+    disk.ensure_dirs()
+    disk.blob_path(weights.sha256).write_bytes(b"x" * weights.size)
     member = cluster.members.get(machine__name="lab-a")
-    token = copies.file_token(copies.FileGrant(digest=weights.sha256, cluster_id=cluster.pk, machine_id=member.machine_id), 60)
+    token = machine_files.file_token(machine_files.FileGrant(digest=weights.sha256, cluster_id=cluster.pk, machine_id=member.machine_id), 60)
     url = f"/agent/models/{weights.sha256}/"
 
     assert client.get(url).status_code == 401
@@ -149,5 +149,5 @@ def test_a_model_removed_from_the_machines_is_sent_again_by_the_next_copy(model,
     fakes.calls.clear()
 
     services.model_copy(model, cluster, user=UserFactory(role=roles.OPERATOR))
-    assert Job.objects.filter(kind=copies.KIND).latest("created_at").state == "succeeded"
+    assert Job.objects.filter(kind=machine_files.KIND).latest("created_at").state == "succeeded"
     assert {name for name, method, kw in fakes.calls if method == "file_fetch" and "2222" in kw["url"]} == {"lab-a", "lab-b", "lab-c"}

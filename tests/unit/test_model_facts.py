@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from deployments import modelfacts
-from deployments.modelfacts import KV_CACHE_SHARE, KV_CACHE_WORDS, model_facts
+from deployments.store import modelfacts
+from deployments.store.modelfacts import KV_CACHE_SHARE, KV_CACHE_WORDS, model_facts
 from lab import hub_models
 
 BITS = {"F32": 32, "F16": 16, "BF16": 16, "I32": 32, "I8": 8, "F4": 4}

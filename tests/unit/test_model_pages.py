@@ -5,9 +5,9 @@ from clusters.choices import ModelSource
 from console import roles
 from console.jobs import job_create
 from console.models import Job
-from deployments import sources
 from deployments.choices import ModelState
 from deployments.models import ModelFile, ModelHolding, StoredModel
+from deployments.store import sources
 from tests.builders import cluster_of, gpu_machine
 from tests.factories import UserFactory
 

@@ -12,9 +12,9 @@ from django.core.management import CommandError, call_command
 from console import roles
 from console.jobs import job_run
 from console.models import Job
-from deployments import downloads, hub, services, store
 from deployments.choices import ModelState
 from deployments.models import ModelFile, ModelHolding, StoredModel
+from deployments.store import disk, downloads, hub, services
 from lab import hub_models
 from lab.hub import HubServer
 from tests.factories import MachineFactory, UserFactory
@@ -70,15 +70,15 @@ def test_a_model_downloads_into_the_store_with_every_file_checked_and_its_facts_
     assert set(rows) == {f.path for f in listing.files}
     weights = next(f for f in listing.files if f.path.endswith(".safetensors"))
     assert rows[weights.path].sha256 == weights.sha256  # the hub's LFS digest, checked
-    assert len(rows[weights.path].chunk_hashes) == -(-weights.size // store.CHUNK_SIZE)
-    assert store.blob_path(weights.sha256).stat().st_size == weights.size
-    tree = store.tree_dir(TINY, model.commit)
-    assert (tree / "config.json").samefile(store.blob_path(rows["config.json"].sha256))
+    assert len(rows[weights.path].chunk_hashes) == -(-weights.size // disk.CHUNK_SIZE)
+    assert disk.blob_path(weights.sha256).stat().st_size == weights.size
+    tree = disk.tree_dir(TINY, model.commit)
+    assert (tree / "config.json").samefile(disk.blob_path(rows["config.json"].sha256))
     facts = model.facts
     assert facts["architecture"] == "LlamaForCausalLM"
     assert facts["parameter_count"] * 2 == facts["weight_bytes"]  # float16 weights, counted from the headers
     assert facts["gpu_memory_bytes"] > facts["weight_bytes"] and facts["context_length"] > 0
-    assert not store.downloads_dir(model.pk).exists()
+    assert not disk.downloads_dir(model.pk).exists()
 
 
 def test_the_same_model_twice_is_refused_and_a_bad_repo_id_is_named(hub_url, operator):
@@ -114,12 +114,12 @@ def test_a_gated_model_without_a_token_fails_with_the_sentence_that_says_so(hub_
 
 def test_a_model_too_big_for_the_store_is_refused_before_a_byte_is_written(hub_url, operator, monkeypatch):
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(store.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 3_100_000, 3_100_000))
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 3_100_000, 3_100_000))
     model = services.model_add(repo=TINY, user=operator)
     run_download(model)
     assert model.state == ModelState.FAILED
     assert model.state_reason.startswith("Needs 67.") and model.state_reason.endswith("; 3.1 MB are free.")
-    assert not list(store.blobs_dir().iterdir())
+    assert not list(disk.blobs_dir().iterdir())
 
 
 def test_a_file_that_does_not_match_the_hubs_digest_is_removed_and_the_download_fails(hub_url, operator, monkeypatch):
@@ -136,7 +136,7 @@ def test_a_file_that_does_not_match_the_hubs_digest_is_removed_and_the_download_
     job = run_download(model)
     assert model.state == ModelState.FAILED
     assert "model.safetensors does not match the hub: its sha256 is" in job.error
-    assert not any(store.blobs_dir().glob("*" + "0" * 10 + "*"))
+    assert not any(disk.blobs_dir().glob("*" + "0" * 10 + "*"))
 
 
 def _as_tuple(f: hub.HubFile):
@@ -147,14 +147,14 @@ def test_a_download_resumes_from_the_partial_file_it_left(hub_url, lab_hub, oper
     model = services.model_add(repo=TINY, user=operator)
     listing = hub.listing(TINY, "main", token=None)
     weights = next(f for f in listing.files if f.path.endswith(".safetensors"))
-    source = store.blob_path(weights.sha256)  # the bytes, taken from a first full download
+    source = disk.blob_path(weights.sha256)  # the bytes, taken from a first full download
     first = run_download(model)
     assert first.state == "succeeded"
     whole = source.read_bytes()
     ModelFile.objects.filter(model=model).update(sha256="")
     source.unlink()
     StoredModel.objects.filter(pk=model.pk).update(state=ModelState.FAILED)
-    partial = store.downloads_dir(model.pk) / f"{weights.sha256}.part"
+    partial = disk.downloads_dir(model.pk) / f"{weights.sha256}.part"
     partial.parent.mkdir(parents=True, exist_ok=True)
     partial.write_bytes(whole[: len(whole) // 2])
     lab_hub.log.seek(0)
@@ -165,7 +165,7 @@ def test_a_download_resumes_from_the_partial_file_it_left(hub_url, lab_hub, oper
     assert model.state == ModelState.READY, job.error
     requests = [line for line in lab_hub.log.getvalue().splitlines() if weights.path in line and "GET" in line]
     assert requests and all('" 206 ' in line for line in requests), requests  # only the rest was asked for
-    assert store.blob_path(weights.sha256).read_bytes() == whole
+    assert disk.blob_path(weights.sha256).read_bytes() == whole
 
 
 def test_import_takes_a_directory_with_the_same_checks_and_delete_frees_the_store(hub_url, operator, tmp_path):
@@ -186,5 +186,5 @@ def test_import_takes_a_directory_with_the_same_checks_and_delete_frees_the_stor
         services.model_delete(model, user=operator)
     holding.delete()
     services.model_delete(model, user=operator)
-    assert not StoredModel.objects.exists() and not list(store.blobs_dir().iterdir())
-    assert not store.tree_dir("local/tiny", model.commit).exists()
+    assert not StoredModel.objects.exists() and not list(disk.blobs_dir().iterdir())
+    assert not disk.tree_dir("local/tiny", model.commit).exists()

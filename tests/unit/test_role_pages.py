@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 from clusters.choices import ClusterState
 from console import roles
 from console.roles import ADMINISTRATOR, OPERATOR, VIEWER
-from deployments.services import gateway_key_create
+from deployments.gateway_keys import gateway_key_create
 from tests.builders import build, cluster_of, gpu_machine
 from tests.factories import NO_ROLE, MachineFactory, UserFactory
 

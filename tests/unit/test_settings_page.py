@@ -8,10 +8,11 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.test import Client
 from django.views.debug import ExceptionReporter
 
-from console import huggingface, roles, secrets
-from console.huggingface import hf_token, hf_token_source
+from console import roles, secrets
 from console.models import AuditEntry, SealedSecret
 from console.roles import OPERATOR, VIEWER
+from deployments.store import hub_token
+from deployments.store.hub_token import hf_token, hf_token_source
 from tests.factories import NO_ROLE, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -24,7 +25,7 @@ URL = "/settings/"
 def sealed_here(settings, tmp_path, monkeypatch):
     """A key of the test's own, and no FADEN_HF_TOKEN from the environment the tests run in."""
     settings.FADEN_SECRETS_KEY_PATH = tmp_path / "secrets.key"
-    monkeypatch.delenv(huggingface.ENV_VAR, raising=False)
+    monkeypatch.delenv(hub_token.ENV_VAR, raising=False)
 
 
 def signed_in(role) -> Client:
@@ -45,13 +46,13 @@ def test_no_token_anywhere_is_none_from_nowhere():
 
 
 def test_the_token_set_here_is_used_and_the_environments_wins_while_it_is_set(admin_user, monkeypatch):
-    huggingface.hf_token_set(token=f"  {TOKEN}\n", by=admin_user)
+    hub_token.hf_token_set(token=f"  {TOKEN}\n", by=admin_user)
     assert (hf_token(), hf_token_source()) == (TOKEN, "settings")
 
-    monkeypatch.setenv(huggingface.ENV_VAR, "hf_FromTheEnvironment")
+    monkeypatch.setenv(hub_token.ENV_VAR, "hf_FromTheEnvironment")
     assert (hf_token(), hf_token_source()) == ("hf_FromTheEnvironment", "environment")
 
-    monkeypatch.setenv(huggingface.ENV_VAR, "  ")  # set but blank is not set
+    monkeypatch.setenv(hub_token.ENV_VAR, "  ")  # set but blank is not set
     assert hf_token_source() == "settings"
 
 
@@ -68,31 +69,31 @@ def test_the_token_set_here_is_used_and_the_environments_wins_while_it_is_set(ad
 ])
 def test_a_token_that_cannot_be_one_is_refused_in_words_without_it(given, words):
     with pytest.raises(ValidationError) as refused:
-        huggingface.hf_token_clean(given)
+        hub_token.hf_token_clean(given)
     said = " ".join(refused.value.messages)
     assert words in said
     assert str(given).strip() not in said or not str(given).strip()
 
 
 def test_a_token_is_trimmed_and_kept_from_8_to_1024_printable_characters():
-    assert huggingface.hf_token_clean("  hf_12345 \t") == "hf_12345"
-    assert huggingface.hf_token_clean("x" * 1024) == "x" * 1024
+    assert hub_token.hf_token_clean("  hf_12345 \t") == "hf_12345"
+    assert hub_token.hf_token_clean("x" * 1024) == "x" * 1024
 
 
 @pytest.mark.parametrize("role", [NO_ROLE, VIEWER, OPERATOR], ids=str)
 def test_only_an_administrator_sets_or_removes_it(role):
     user = UserFactory(username="someone", role=role)
     with pytest.raises(PermissionDenied):
-        huggingface.hf_token_set(token=TOKEN, by=user)
+        hub_token.hf_token_set(token=TOKEN, by=user)
     with pytest.raises(PermissionDenied):
-        huggingface.hf_token_remove(by=user)
+        hub_token.hf_token_remove(by=user)
     assert not SealedSecret.objects.exists()
 
 
 def test_each_change_is_audited_in_words_without_the_token(admin_user):
-    huggingface.hf_token_set(token=TOKEN, by=admin_user)
-    huggingface.hf_token_set(token=TOKEN + "2", by=admin_user)
-    huggingface.hf_token_remove(by=admin_user)
+    hub_token.hf_token_set(token=TOKEN, by=admin_user)
+    hub_token.hf_token_set(token=TOKEN + "2", by=admin_user)
+    hub_token.hf_token_remove(by=admin_user)
 
     said = list(AuditEntry.objects.filter(action="settings.hf_token").order_by("id").values_list("username", "message"))
     assert said == [("admin", "The Hugging Face token was set."), ("admin", "The Hugging Face token was replaced."),
@@ -130,7 +131,7 @@ def test_a_refused_token_is_not_shown_again_on_the_page():
 
 
 def test_the_page_says_when_the_environment_gives_the_token(monkeypatch):
-    monkeypatch.setenv(huggingface.ENV_VAR, "hf_FromTheEnvironment")
+    monkeypatch.setenv(hub_token.ENV_VAR, "hf_FromTheEnvironment")
     page = signed_in(roles.ADMINISTRATOR).get(URL).content.decode()
 
     assert "Set, from FADEN_HF_TOKEN" in page and "the environment wins" in page
@@ -149,7 +150,7 @@ def test_remove_forgets_the_token_set_here():
 
 @pytest.mark.parametrize("role", [None, VIEWER, OPERATOR], ids=str)
 def test_below_administrator_the_page_and_its_buttons_are_refused_and_change_nothing(role):
-    secrets.secret_set(huggingface.SECRET_NAME, TOKEN)
+    secrets.secret_set(hub_token.SECRET_NAME, TOKEN)
     client = signed_in(role)
     sentence = roles.NO_ROLE if role is None else f"Your role is {role}: changing the console's settings needs an Administrator."
 

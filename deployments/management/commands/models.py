@@ -10,8 +10,8 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from deployments import downloads, hub, store
 from deployments.models import StoredModel
+from deployments.store import disk, downloads, hub
 
 USAGE = """\
   faden models                                       list the models in the server's store
@@ -49,9 +49,9 @@ class Command(BaseCommand):
         except OSError as exc:
             raise CommandError(f"{exc.filename or directory}: {exc.strerror or exc}. Nothing was imported.", returncode=1) from exc
         facts = model.facts
-        self.stdout.write(f"Imported {model}: {store.gb(model.bytes_total)} in {model.files.count()} files, "
+        self.stdout.write(f"Imported {model}: {disk.gb(model.bytes_total)} in {model.files.count()} files, "
                           f"{facts.get('architecture') or 'unknown architecture'}, {facts.get('dtype')}, "
-                          f"needs {store.gb(facts.get('gpu_memory_bytes') or 0)} of GPU memory a copy.")
+                          f"needs {disk.gb(facts.get('gpu_memory_bytes') or 0)} of GPU memory a copy.")
 
     def list_models(self) -> None:
         models = list(StoredModel.objects.all())
@@ -59,7 +59,7 @@ class Command(BaseCommand):
             self.stdout.write("The store holds no models. Add one on the Models page, or `faden models import PATH --repo NAME`.")
             return
         rows = [("MODEL", "REVISION", "STATE", "SIZE", "COMMIT")]
-        rows += [(m.repo, m.revision, m.get_state_display(), store.gb(m.bytes_total), m.commit[:12]) for m in models]
+        rows += [(m.repo, m.revision, m.get_state_display(), disk.gb(m.bytes_total), m.commit[:12]) for m in models]
         widths = [max(len(str(r[c])) for r in rows) for c in range(len(rows[0]))]
         for row in rows:
             self.stdout.write("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip())

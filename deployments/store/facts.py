@@ -6,7 +6,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from deployments import modelfacts
+from deployments.store import modelfacts
 
 
 def model_facts(directory: Path) -> dict:

@@ -53,7 +53,7 @@ def gb(size: int | float) -> str:
     return f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.1f} MB"
 
 
-def room_problem(needed: int, *, where: Path | None = None) -> str | None:
+def disk_space_problem(needed: int, *, where: Path | None = None) -> str | None:
     """The sentence that refuses a download or import that would not fit; None when it fits."""
     where = where or root()
     where.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from deployments import views
+from deployments.store import views
 
 app_name = "models"
 

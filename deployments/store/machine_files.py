@@ -23,15 +23,14 @@ from clusters.transfer import ServerFile, distribute
 from console import live
 from console.choices import ErrorKind
 from console.jobs import JobContext, JobError, Operation, Step
-from console.huggingface import hf_token
-from deployments import downloads, hub, store
 from deployments.models import Copy, Deployment, ModelHolding, StoredModel
-from deployments.models import ModelFile as StoredFile
+from deployments.store import disk, downloads, hub
+from deployments.store.hub_token import hf_token
 from machines.agent_client import Agent, AgentError, FileSpec, ModelFile, ModelSpec
 from machines.agent_results import PlacedModel
 
 KIND = "model.copy"
-ROOM = Step("Make room on the machines")
+SPACE = Step("Make room on the machines")
 COPY = Step("Copy the files")
 DOWNLOAD = Step("Download on each machine")
 PLACE = Step("Place the model")
@@ -41,7 +40,7 @@ TOKEN_SALT = "model-file"
 
 def copy_operation(cluster: Cluster) -> Operation:
     """The copy job's steps: the files come from the server, or each machine downloads them (its model source)."""
-    return Operation(KIND, (ROOM, DOWNLOAD if cluster.model_source == ModelSource.MACHINES else COPY, PLACE))
+    return Operation(KIND, (SPACE, DOWNLOAD if cluster.model_source == ModelSource.MACHINES else COPY, PLACE))
 
 
 # -- the first copy's download token ------------------------------------------------------------
@@ -111,8 +110,8 @@ def files_to_members(ctx: JobContext, cluster: Cluster, model: StoredModel, memb
     spec = model_spec(model)
 
     if steps:
-        ROOM.always(ctx)
-    freed = [line for line in each(members, lambda m: _make_room(m, model)) if line]
+        SPACE.always(ctx)
+    freed = [line for line in each(members, lambda m: _make_disk_space(m, model)) if line]
     ctx.detail("; ".join(freed) if freed else "Every machine has room")
 
     board = ProgressBoard(cluster, also_push=lambda: deployments_pushed(cluster, model))
@@ -200,7 +199,7 @@ def _place(member: ClusterMember, model: StoredModel, spec: ModelSpec, *, stop_s
     return None
 
 
-def _make_room(member: ClusterMember, model: StoredModel) -> str | None:
+def _make_disk_space(member: ClusterMember, model: StoredModel) -> str | None:
     """Before a model arrives: when the machine's store is short of room for it, remove the models there
     that no copy needs (none has a copy before deployments), the least recently placed first."""
     need = sum(f.size for f in model.files.all())
@@ -226,7 +225,7 @@ def _make_room(member: ClusterMember, model: StoredModel) -> str | None:
             files_forgotten(member.machine, gone)
         ModelHolding.objects.filter(machine=member.machine, model__repo=held.repo, model__commit=held.revision).delete()
     if free < need:
-        raise JobError(f"{member.machine.name} has {store.gb(free)} free in its store; {model} needs {store.gb(need)}. "
+        raise JobError(f"{member.machine.name} has {disk.gb(free)} free in its store; {model} needs {disk.gb(need)}. "
                        "No model there can be removed to make room.", kind=ErrorKind.NO_ROOM)
     return f"{member.machine.name}: removed {', '.join(removed)} to make room"
 
@@ -238,7 +237,7 @@ def files_forgotten(machine, model: StoredModel) -> None:
     """The machine's agent removed the model (and the files no other model there uses): its transfers of
     those files are forgotten too, so that the next copy sends them again instead of taking them as held."""
     others = ModelHolding.objects.filter(machine=machine).exclude(model=model).values_list("model_id", flat=True)
-    still_used = set(StoredFile.objects.filter(model_id__in=list(others)).values_list("sha256", flat=True))
+    still_used = set(StoredModel.objects.filter(pk__in=list(others)).values_list("files__sha256", flat=True))
     gone = set(model.files.values_list("sha256", flat=True)) - still_used
     Transfer.objects.filter(member__machine=machine, digest__in=gone).delete()
 
@@ -263,7 +262,7 @@ def model_remove_run(ctx: JobContext, *, model_id: int, machine_ids: list[int]) 
             continue
         files_forgotten(holding.machine, model)
         holding.delete()
-        ctx.log(f"{holding.machine.name}: {store.gb(freed)} freed")
+        ctx.log(f"{holding.machine.name}: {disk.gb(freed)} freed")
     downloads.model_changed(model)
     if failures:
         raise JobError("; ".join(failures))

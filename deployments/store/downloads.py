@@ -18,19 +18,19 @@ from django.utils import timezone
 from console import live
 from console.choices import ErrorKind
 from console.jobs import JobContext, JobError, Operation, Step
-from console.huggingface import hf_token
 from console.ticker import Ticker
-from deployments import facts, hub, store
 from deployments.choices import ModelState
 from deployments.models import ModelFile, StoredModel
+from deployments.store import disk, facts, hub
+from deployments.store.hub_token import hf_token
 
 KIND = "model.download"
 LIST = Step("Ask the hub for the files")
-ROOM = Step("Check the room in the store")
+SPACE = Step("Check the room in the store")
 FETCH = Step("Download the files")
 CHECK = Step("Check every file's digest")
 FACTS = Step("Read what the files say")
-DOWNLOAD = Operation(KIND, (LIST, ROOM, FETCH, CHECK, FACTS))
+DOWNLOAD = Operation(KIND, (LIST, SPACE, FETCH, CHECK, FACTS))
 
 PUSH_EVERY = 0.5
 
@@ -95,7 +95,7 @@ def model_download_run(ctx: JobContext, *, model_id: int) -> None:
         _failed(model, exc.message)
         raise
     except OSError as exc:  # a full disk, a folder we may not write: the system's own words
-        message = f"The store at {store.root()} could not be written: {exc.strerror or exc}."
+        message = f"The store at {disk.root()} could not be written: {exc.strerror or exc}."
         _failed(model, message)
         raise JobError(message, kind=ErrorKind.NOT_RETRYABLE) from None
 
@@ -105,19 +105,19 @@ def _download(ctx: JobContext, model: StoredModel) -> None:
     LIST.always(ctx, hub.endpoint())
     listing = hub.listing(model.repo, model.revision, token=token)
     for f in listing.files:
-        if problem := store.path_problem(f.path):
+        if problem := disk.path_problem(f.path):
             raise JobError(f"{model.repo}: {problem}", kind=ErrorKind.NOT_RETRYABLE)
     rows = _files_record(model, listing)
     todo = [_Todo(row=rows[f.path], hub_file=f) for f in listing.files if not _held(rows[f.path], f)]
     held = listing.size - sum(t.hub_file.size for t in todo)
 
-    folder = store.downloads_dir(model.pk)
-    ROOM.always(ctx)
+    folder = disk.downloads_dir(model.pk)
+    SPACE.always(ctx)
     on_disk = Meter(model, folder, 0).on_disk() if folder.is_dir() else 0
-    store.ensure_dirs()
-    if problem := store.room_problem(max(listing.size - held - on_disk, 0)):
+    disk.ensure_dirs()
+    if problem := disk.disk_space_problem(max(listing.size - held - on_disk, 0)):
         raise JobError(problem, kind=ErrorKind.NOT_RETRYABLE)
-    ctx.detail(f"{store.gb(listing.size - held)} to download; {store.gb(held)} already in the store")
+    ctx.detail(f"{disk.gb(listing.size - held)} to download; {disk.gb(held)} already in the store")
 
     FETCH.always(ctx, f"{len(todo)} of {len(listing.files)} files")
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -154,9 +154,9 @@ def _files_record(model: StoredModel, listing: hub.HubListing) -> dict[str, Mode
 
 def _held(row: ModelFile, f: hub.HubFile) -> bool:
     """The store holds this file already: from an earlier run of this download, or another revision."""
-    if row.sha256 and store.blob_path(row.sha256).is_file():
+    if row.sha256 and disk.blob_path(row.sha256).is_file():
         return True
-    if f.sha256 and store.blob_path(f.sha256).is_file():
+    if f.sha256 and disk.blob_path(f.sha256).is_file():
         twin = ModelFile.objects.filter(sha256=f.sha256).exclude(chunk_hashes=[]).first()
         if twin is not None:
             ModelFile.objects.filter(pk=row.pk).update(sha256=twin.sha256, chunk_size=twin.chunk_size,
@@ -166,7 +166,7 @@ def _held(row: ModelFile, f: hub.HubFile) -> bool:
 
 
 def _check_and_keep(item: _Todo, path: Path) -> None:
-    hashed = store.hash_file(path)
+    hashed = disk.hash_file(path)
     f = item.hub_file
     expected, found, kind = (f.sha256, hashed.sha256, "sha256") if f.sha256 else (f.blob_id, hashed.blob_id, "git blob id")
     if hashed.size != f.size or (expected and found != expected):
@@ -174,15 +174,15 @@ def _check_and_keep(item: _Todo, path: Path) -> None:
         raise JobError(f"{f.path} does not match the hub: its {kind} is {found[:12]}… and {hashed.size} bytes, the hub "
                        f"says {expected[:12]}… and {f.size} bytes. Removed it; Try again downloads it anew.",
                        kind=ErrorKind.RETRYABLE)
-    store.blob_adopt(path, hashed.sha256)
-    ModelFile.objects.filter(pk=item.row.pk).update(sha256=hashed.sha256, chunk_size=store.CHUNK_SIZE,
+    disk.blob_adopt(path, hashed.sha256)
+    ModelFile.objects.filter(pk=item.row.pk).update(sha256=hashed.sha256, chunk_size=disk.CHUNK_SIZE,
                                                     chunk_hashes=hashed.chunk_hashes)
 
 
 def _finish(model: StoredModel, folder: Path | None) -> None:
     """Link the tree, read the facts, and the model is Ready."""
     files = list(model.files.values_list("path", "sha256"))
-    directory = store.tree_link(model.repo, model.commit, files)
+    directory = disk.tree_link(model.repo, model.commit, files)
     found = facts.model_facts(directory)
     StoredModel.objects.filter(pk=model.pk).update(
         state=ModelState.READY, state_reason="", facts=found, bytes_done=model.bytes_total, rate=0, ready_at=timezone.now())
@@ -211,25 +211,25 @@ def model_import(*, directory: Path, repo: str, revision: str = "main", user=Non
     if not (directory / "config.json").is_file():
         raise ValueError(f"{directory} holds no config.json: give the directory of a model "
                          "(a snapshot of its repository).")
-    found = store.local_files(directory)
+    found = disk.local_files(directory)
     for path, _ in found:
-        if problem := store.path_problem(path):
+        if problem := disk.path_problem(path):
             raise ValueError(problem)
     facts.model_facts(directory)  # well-formed before anything is copied (raises ValueError in words)
     size = sum(full.stat().st_size for _, full in found)
     if StoredModel.objects.filter(repo=repo, revision=revision).exists():
         raise ValueError(f"The store holds {repo} at {revision} already: delete it first, or import it as another revision.")
-    if problem := store.room_problem(size):
+    if problem := disk.disk_space_problem(size):
         raise ValueError(problem)
-    hashed = [(path, full, store.hash_file(full)) for path, full in found]
-    commit = store.manifest_id([(path, h.sha256) for path, _, h in hashed])
+    hashed = [(path, full, disk.hash_file(full)) for path, full in found]
+    commit = disk.manifest_id([(path, h.sha256) for path, _, h in hashed])
     for _, full, h in hashed:
-        store.blob_adopt(full, h.sha256, keep_source=True)
+        disk.blob_adopt(full, h.sha256, keep_source=True)
     with transaction.atomic():
         model = StoredModel.objects.create(repo=repo, revision=revision, commit=commit, imported_from=str(directory),
                                            bytes_total=size, created_by=user if user and user.is_authenticated else None)
         ModelFile.objects.bulk_create([
-            ModelFile(model=model, path=path, size=h.size, sha256=h.sha256, chunk_size=store.CHUNK_SIZE,
+            ModelFile(model=model, path=path, size=h.size, sha256=h.sha256, chunk_size=disk.CHUNK_SIZE,
                       chunk_hashes=h.chunk_hashes, hub_digest="") for path, _, h in hashed])
     _finish(model, None)
     model.refresh_from_db()

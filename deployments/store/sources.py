@@ -22,7 +22,7 @@ from console.jobs import JobContext, JobError, Operation, Step, job_start
 from console.models import Job
 from console.offers import Offer
 from console.roles import OPERATOR, Action
-from deployments import actions, hub
+from deployments.store import actions, hub
 
 KIND = "model.source-check"
 REACH = Step("Ask every machine to reach the hub")

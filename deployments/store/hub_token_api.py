@@ -1,6 +1,6 @@
 """/api/settings/hugging-face-token/: whether the server's Hugging Face token is set and where from (every
 role), and setting, replacing and removing it (Administrators; the others get the role's 403). The page
-is console/settings_page.py; both call console/huggingface.py.
+is deployments/store/hub_token_views.py; both call deployments/store/hub_token.py.
 
 The token goes in (PUT) and never comes out: every answer is ``{"set": ..., "source": ...}``. Answers
 are JSON only: DRF's browsable pages fill their forms again with what was sent.
@@ -11,13 +11,13 @@ from rest_framework import renderers, serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from console import huggingface
+from deployments.store import hub_token
 
 
 class HfTokenStateSerializer(serializers.Serializer):
     set = serializers.BooleanField(help_text="Whether the console has a token to download with")
     source = serializers.ChoiceField(
-        choices=[huggingface.SOURCE_ENVIRONMENT, huggingface.SOURCE_SETTINGS], allow_null=True,
+        choices=[hub_token.SOURCE_ENVIRONMENT, hub_token.SOURCE_SETTINGS], allow_null=True,
         help_text="environment: FADEN_HF_TOKEN gives it (and wins); settings: set here or on the Settings page; null: none")
 
 
@@ -36,11 +36,11 @@ class HfTokenSerializer(serializers.Serializer):
 
     @sensitive_variables()
     def validate_token(self, value: str) -> str:
-        return huggingface.hf_token_clean(value)
+        return hub_token.hf_token_clean(value)
 
 
 def state() -> dict:
-    source = huggingface.hf_token_source()
+    source = hub_token.hf_token_source()
     return {"set": source is not None, "source": source}
 
 
@@ -58,14 +58,14 @@ class HfTokenView(APIView):
     @sensitive_variables()
     def put(self, request):
         """Set or replace the token (Administrators). FADEN_HF_TOKEN, when set, still wins."""
-        huggingface.may_change_settings(request.user).check()
+        hub_token.may_change_settings(request.user).check()
         data = HfTokenSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        huggingface.hf_token_set(token=data.validated_data["token"], by=request.user)
+        hub_token.hf_token_set(token=data.validated_data["token"], by=request.user)
         return Response(state())
 
     @extend_schema(request=None, responses={200: HfTokenStateSerializer})
     def delete(self, request):
         """Remove the token set here (Administrators); one from FADEN_HF_TOKEN stays."""
-        huggingface.hf_token_remove(by=request.user)
+        hub_token.hf_token_remove(by=request.user)
         return Response(state())
