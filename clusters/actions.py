@@ -52,6 +52,11 @@ def _offer(cluster: Cluster, action: Action, role: roles.Role | None, allowed: b
     return ALLOWED
 
 
+def _unless(refusal: str | None) -> Offer:
+    """Allowed when nothing refuses; else refused with the sentence (the state's, not the role's: a 400)."""
+    return ALLOWED if refusal is None else Offer(False, refusal)
+
+
 def cluster_actions(cluster: Cluster, busy: Job | None, *, role: roles.Role | None) -> dict[str, Offer]:
     """Every action of the cluster's page for ``role``, allowed or refused, given the operation under way (``busy``)."""
     name, state, label = cluster.name, cluster.state, cluster.get_state_display()
@@ -72,10 +77,10 @@ def cluster_actions(cluster: Cluster, busy: Job | None, *, role: roles.Role | No
         "add": _offer(cluster, ADD, role, state == ClusterState.RUNNING, f"Machines join a running cluster; {name} is {label}.",
                       busy=busy, what="Add machines"),
         "delete": _offer(cluster, DELETE, role, state != ClusterState.DELETING, f"{name} is already being deleted.",
-                         busy=stop_busy, what="Delete it").then(Offer(not (kept := hooks.delete_refusal(cluster)), kept or "")),
+                         busy=stop_busy, what="Delete it").then(_unless(hooks.delete_refusal(cluster))),
         "switch": _offer(cluster, SWITCH, role, not settling, f"{name} is {label}.", busy=busy, what="Switch the runtime"),
         "network": _offer(cluster, NETWORK, role, not settling, f"{name} is {label}.", busy=busy, what="Change the network"),
-        "deploy": DEPLOY.offer(role).then(Offer(not (why := deploy_refusal(cluster)), why or "")),
+        "deploy": DEPLOY.offer(role).then(_unless(deploy_refusal(cluster))),
     }
 
 
