@@ -31,6 +31,7 @@ NETWORK = Action("changing a cluster's network", OPERATOR)
 # Deploying is offered on the cluster's page and done by deployments (which import both from here): the
 # action and its rule are written once.
 DEPLOY = Action("deploying models", OPERATOR)
+DEPLOYS_ON = frozenset({ClusterState.RUNNING})  # the states of a cluster models are deployed on
 REMOVE = Action("removing a machine from a cluster", OPERATOR)
 
 
@@ -86,7 +87,7 @@ def cluster_actions(cluster: Cluster, busy: Job | None, *, role: roles.Role | No
 
 def deploy_refusal(cluster: Cluster) -> str | None:
     """Why models cannot be deployed on the cluster now (it is not running); None when they can."""
-    if cluster.state == ClusterState.RUNNING:
+    if cluster.state in DEPLOYS_ON:
         return None
     return f"{cluster.name} is {cluster.get_state_display().lower()}: models are deployed on a running cluster."
 
