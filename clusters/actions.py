@@ -31,6 +31,7 @@ NETWORK = Action("changing a cluster's network", OPERATOR)
 # Deploying is offered on the cluster's page and done by deployments (which import both from here): the
 # action and its rule are written once.
 DEPLOY = Action("deploying models", OPERATOR)
+DEPLOYS_ON = frozenset({ClusterState.RUNNING})  # the states of a cluster models are deployed on
 REMOVE = Action("removing a machine from a cluster", OPERATOR)
 
 
@@ -50,6 +51,11 @@ def _offer(cluster: Cluster, action: Action, role: roles.Role | None, allowed: b
     if busy is not None:
         return Offer(False, busy_refusal(cluster, busy, what))
     return ALLOWED
+
+
+def _unless(refusal: str | None) -> Offer:
+    """Allowed when nothing refuses; else refused with the sentence (the state's, not the role's: a 400)."""
+    return ALLOWED if refusal is None else Offer(False, refusal)
 
 
 def cluster_actions(cluster: Cluster, busy: Job | None, *, role: roles.Role | None) -> dict[str, Offer]:
@@ -72,16 +78,16 @@ def cluster_actions(cluster: Cluster, busy: Job | None, *, role: roles.Role | No
         "add": _offer(cluster, ADD, role, state == ClusterState.RUNNING, f"Machines join a running cluster; {name} is {label}.",
                       busy=busy, what="Add machines"),
         "delete": _offer(cluster, DELETE, role, state != ClusterState.DELETING, f"{name} is already being deleted.",
-                         busy=stop_busy, what="Delete it").then(Offer(not (kept := hooks.delete_refusal(cluster)), kept or "")),
+                         busy=stop_busy, what="Delete it").then(_unless(hooks.delete_refusal(cluster))),
         "switch": _offer(cluster, SWITCH, role, not settling, f"{name} is {label}.", busy=busy, what="Switch the runtime"),
         "network": _offer(cluster, NETWORK, role, not settling, f"{name} is {label}.", busy=busy, what="Change the network"),
-        "deploy": DEPLOY.offer(role).then(Offer(not (why := deploy_refusal(cluster)), why or "")),
+        "deploy": DEPLOY.offer(role).then(_unless(deploy_refusal(cluster))),
     }
 
 
 def deploy_refusal(cluster: Cluster) -> str | None:
     """Why models cannot be deployed on the cluster now (it is not running); None when they can."""
-    if cluster.state == ClusterState.RUNNING:
+    if cluster.state in DEPLOYS_ON:
         return None
     return f"{cluster.name} is {cluster.get_state_display().lower()}: models are deployed on a running cluster."
 

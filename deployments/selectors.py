@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.db.models import Count, Q
 
-from clusters.choices import ClusterState
+from clusters.actions import DEPLOYS_ON
 from clusters.models import Cluster
 from console.models import Job
 from deployments.choices import CopyState, ModelState
@@ -27,7 +27,8 @@ def deployments_counted(queryset=None):
 
 
 def deploy_clusters() -> list[Cluster]:
-    return list(Cluster.objects.filter(state=ClusterState.RUNNING).order_by("name"))
+    """The clusters the Deploy form offers: those deploying is allowed on (clusters/actions.py's rule)."""
+    return list(Cluster.objects.filter(state__in=DEPLOYS_ON).order_by("name"))
 
 
 def deploy_models() -> list[StoredModel]:
