@@ -19,7 +19,8 @@ class DeploymentsConfig(AppConfig):
         hooks.health_extension_register("copies", copy_health.copies_checked)
         hooks.page_card_register("deployments", template="deployments/_cluster_models.html", context=cluster_models_card)
         hooks.page_card_register("model-source", template="deployments/_model_source.html", context=sources.model_source_card)
-        machine_card_register("models", template="deployments/_machine_models.html", context=machine_models_card)
+        machine_card_register("models", template="deployments/_machine_models.html", context=machine_models_card,
+                              takes_role=True)
         machine_card_register("copies", template="deployments/_machine_copies.html", context=machine_copies_card)
         live.register("models", pages.render_models_topic)
         live.register("model", pages.render_model_topic, takes=live.an_id)
@@ -81,9 +82,11 @@ def cluster_models_card(cluster, role) -> dict:
             "deployment_count": cluster.deployments.count() if len(deployments) == 20 else len(deployments)}
 
 
-def machine_models_card(machine) -> dict:
-    """A machine page's "Models in its store" card."""
-    return {"machine_models": list(machine.model_holdings.select_related("model"))}
+def machine_models_card(machine, role) -> dict:
+    """A machine page's "Models in its store" card, with Remove for ``role`` (the files of one model on this machine)."""
+    from deployments.actions import REMOVE
+
+    return {"machine_models": list(machine.model_holdings.select_related("model")), "machine_models_remove": REMOVE.offer(role)}
 
 
 def machine_copies_card(machine) -> dict:
