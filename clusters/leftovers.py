@@ -63,7 +63,7 @@ def shared_refusal(machine: Machine, membership: ClusterMember | None) -> str:
     """/shared on a machine of a cluster is that cluster's: the head's files, or a mount of them."""
     if membership is not None:
         cluster = membership.cluster
-        return (f"{machine.name} is in {cluster.name}: /shared there is the cluster's files. Delete {cluster.name} "
+        return (f"{machine.name} is in {cluster.name}: /shared there holds the cluster's files. Delete {cluster.name} "
                 f"or take {machine.name} out of it first.")
     return ""
 
@@ -135,4 +135,4 @@ def machine_shared_free_run(ctx: JobContext, *, machine_id: int) -> None:
 
 def leftovers_card(machine: Machine, role: roles.Role | None) -> dict:
     """The machine page's "Left by deleted clusters" card: what stays, and the two buttons."""
-    return {"leftovers": leftovers_offers(machine, role=role), "leftovers_store": machine.store_path or "its store"}
+    return {"leftovers": leftovers_offers(machine, role=role), "leftovers_store": machine.store_path}

@@ -56,7 +56,7 @@ def test_a_machine_of_a_running_cluster_keeps_its_image_and_its_shared_saying_wh
 
     assert offers["images"].why == ("lab-a runs gpu-room's runtime (running): its image stays while the cluster uses "
                                     "it. Stop or delete gpu-room first.")
-    assert offers["shared"].why == ("lab-a is in gpu-room: /shared there is the cluster's files. Delete gpu-room or take "
+    assert offers["shared"].why == ("lab-a is in gpu-room: /shared there holds the cluster's files. Delete gpu-room or take "
                                     "lab-a out of it first.")
 
 
@@ -88,7 +88,7 @@ def test_the_services_refuse_as_the_buttons_do(operator):
     machine = cluster.members.get().machine
     with pytest.raises(ValidationError) as refused:
         leftovers.machine_shared_free(machine=machine, user=operator)
-    assert refused.value.messages == ["lab-a is in gpu-room: /shared there is the cluster's files. Delete gpu-room or "
+    assert refused.value.messages == ["lab-a is in gpu-room: /shared there holds the cluster's files. Delete gpu-room or "
                                       "take lab-a out of it first."]
     with pytest.raises(PermissionDenied):
         leftovers.machine_images_free(machine=gpu_machine("lab-b", 12), user=UserFactory(username="vic", role=roles.VIEWER))
@@ -122,7 +122,7 @@ def test_a_cluster_started_on_the_machine_meanwhile_stops_the_job_before_the_age
 
     job.refresh_from_db()
     assert job.state == JobState.FAILED
-    assert job.error == "lab-a is in late: /shared there is the cluster's files. Delete late or take lab-a out of it first."
+    assert job.error == "lab-a is in late: /shared there holds the cluster's files. Delete late or take lab-a out of it first."
     assert fakes.calls == []
 
 
