@@ -2,6 +2,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 from rest_framework.routers import DefaultRouter
 
+from clusters.leftovers_api import MachineLeftoversViewSet
 from console.audit_api import AuditEntryViewSet
 from console.settings_api import HfTokenView
 from deployments.api import ClusterModelSourceViewSet, GatewayKeyViewSet, ModelViewSet
@@ -11,6 +12,7 @@ from machines.profile_api import ProfileKeyViewSet
 
 router = DefaultRouter()
 router.register("machines", MachineViewSet, basename="machine")
+router.register("machines", MachineLeftoversViewSet, basename="machine-leftovers")  # what deleted clusters left
 router.register("clusters", ClusterModelSourceViewSet, basename="cluster")
 router.register("models", ModelViewSet, basename="model")
 router.register("deployments", DeploymentViewSet, basename="deployment")

@@ -174,3 +174,29 @@ def test_the_machine_pages_models_card_removes_a_models_files_from_this_machine(
     assert re.search(rf'formaction="/models/{model.pk}/remove/" name="machine" value="{machine.pk}"', html)
     client.force_login(UserFactory(username="vic", role=roles.VIEWER))
     assert "needs an Operator" in disabled_button_why(client.get(f"/machines/{machine.pk}/").content.decode(), "Remove")
+
+
+# -- the API -----------------------------------------------------------------------------------------
+
+
+def test_the_api_starts_the_job_and_refuses_with_the_pages_sentence(api_client):
+    free = gpu_machine("lab-a", 11)
+    started = api_client.post(f"/api/machines/{free.pk}/free-images/")
+    assert started.status_code == 202 and started.json()["kind"] == leftovers.IMAGES_KIND
+
+    held = cluster_of([gpu_machine("lab-b", 12)]).members.get().machine
+    refused = api_client.post(f"/api/machines/{held.pk}/free-shared/")
+    assert refused.status_code == 400
+    assert refused.json()["message"] == ("lab-b is in gpu-room: /shared there holds the cluster's files. Delete "
+                                         "gpu-room or take lab-b out of it first.")
+    assert api_client.post("/api/machines/987654/free-shared/").status_code == 404
+
+
+def test_a_viewer_is_refused_by_the_api_with_403(client):
+    from rest_framework.test import APIClient
+
+    viewer = APIClient()
+    viewer.force_authenticate(UserFactory(username="vic", role=roles.VIEWER))
+    response = viewer.post(f"/api/machines/{gpu_machine('lab-a', 11).pk}/free-images/")
+    assert response.status_code == 403 and "needs an Operator" in response.json()["message"]
+    assert not Job.objects.exists()
