@@ -15,7 +15,10 @@ from console.models import Job
 from console.offers import ALLOWED, Offer
 from console.roles import OPERATOR, Action
 
-DRAIN_LATER = "Draining comes with deployments."
+# What is true today: a machine cannot be drained yet; stopping the cluster frees every machine and keeps
+# the deployments, which come back with Start.
+DRAIN_UNAVAILABLE = ("Draining a machine is not available yet: stop the cluster to free its machines (the "
+                     "deployments are kept and start again with it), or scale a deployment down to run fewer copies.")
 
 # Who may do each action, and how a refusal names it.
 CREATE = Action("creating a cluster", OPERATOR)
@@ -100,8 +103,8 @@ def member_remove(cluster: Cluster, member: ClusterMember, *, count: int, busy: 
     if cluster.state != ClusterState.STOPPED and member.role == Role.HEAD:
         refusal = f"{name} leads {cluster.name}: to take out the head, stop the cluster first."
     elif cluster.state != ClusterState.STOPPED and member.state != MemberState.FAILED:
-        refusal = (f"{cluster.name} is {cluster.get_state_display()}: a machine leaves a running cluster by a drain, "
-                   f"which comes with deployments. Stop the cluster to take {name} out of its record now.")
+        refusal = (f"{cluster.name} is {cluster.get_state_display()}: a machine that joined leaves a running cluster by "
+                   f"a drain, which is not available yet. Stop the cluster to take {name} out of its record now.")
     elif count == 1:
         refusal = f"{name} is the only machine of {cluster.name}: delete the cluster instead."
     return _offer(cluster, REMOVE, role, not refusal, refusal, busy=busy, what="Remove it")

@@ -6,13 +6,14 @@ class ClustersConfig(AppConfig):
     verbose_name = "Clusters"
 
     def ready(self) -> None:
-        from clusters import heartbeats, nccl_tests, pages, services, steps
+        from clusters import heartbeats, leftovers, nccl_tests, pages, services, steps
         from clusters.pruning import health_checks_prune
         from console.pruning import register_pruner
         from clusters.runners.start import members_abandoned, start_abandoned
         from clusters.runners.stop import stop_abandoned
         from console import live
         from console.jobs import job_kind_register
+        from machines.cards import machine_card_register
         from machines.signals import machine_reconnected, machine_runtime_reported, machine_went_offline
 
         live.register("clusters", pages.render_clusters_topic)
@@ -28,6 +29,10 @@ class ClustersConfig(AppConfig):
         job_kind_register(steps.DELETE.kind, task=task, resumable=True, on_failed=stop_abandoned)
         job_kind_register(steps.PROBE_KIND, task="clusters.tasks.network_probe")
         job_kind_register(steps.NCCL_TEST.kind, task="clusters.tasks.nccl_test", on_failed=nccl_tests.nccl_test_abandoned)
+        job_kind_register(leftovers.IMAGES_KIND, task="clusters.tasks.machine_images_free")
+        job_kind_register(leftovers.SHARED_KIND, task="clusters.tasks.machine_shared_free")
+        machine_card_register("leftovers", template="clusters/_machine_leftovers.html", context=leftovers.leftovers_card,
+                              takes_role=True)
         register_pruner("health checks", health_checks_prune, keep_days_setting="FADEN_KEEP_CHECKS_DAYS")
 
         def reconnected(sender, *, machine_id: int, name: str, **kwargs) -> None:

@@ -25,7 +25,7 @@ from django.core import signing
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from clusters import planning
+from clusters import image_contents, planning
 from clusters.choices import ClusterState
 from clusters.models import Cluster, ClusterMember, RuntimeImage
 from clusters.transfer import ServerFile
@@ -155,7 +155,8 @@ def runtime_image_import(*, path: Path) -> RuntimeImage:
     The file is hard-linked into the store when it is on the same filesystem (and
     copied otherwise), hashed in the same single read, and renamed into place under its
     digest, so the store never holds a partial ``<digest>.img``. A bad file leaves
-    nothing behind: no row, no file.
+    nothing behind: no row, no file; nor does a build that lacks what a feature runs inside it
+    (``image_contents.NEEDS``: the refusal names each thing and the feature that needs it).
     """
     path = Path(path)
     manifest = runtime_image_manifest_read(path=path)
@@ -175,7 +176,11 @@ def runtime_image_import(*, path: Path) -> RuntimeImage:
                 if existing.path != str(final):
                     existing.path = str(final)
                     existing.save(update_fields=["path"])
-            return existing
+            return existing  # a held build passed the contents check at its import
+        if lacks := image_contents.runtime_image_contents_problems(path=temporary, digest=digest):
+            raise ValidationError(f"{path.name} is not a runtime image every feature works with: it "
+                                  + "; it ".join(lacks) + ". docs/runtime-images.md lists what a build must hold.",
+                                  code="incomplete")
         os.replace(temporary, final)
         try:
             with transaction.atomic():

@@ -109,22 +109,6 @@ def slowest_link(cluster: Cluster, machines: list[str]) -> tuple[str, str]:
 # -- the rules ---------------------------------------------------------------------------------------
 
 
-def uneven_gpus(nodes) -> str:
-    """Why the nodes cannot run one all-reduce, or "": nccl-tests gives every process the same ``-g``,
-    so every node must have as many GPUs. "lab-a and lab-b have 8 GPUs, lab-c and lab-d 4." """
-    by_count: dict[int, list[str]] = {}
-    for node in nodes:
-        by_count.setdefault(node.gpus, []).append(node.machine)
-    if len(by_count) < 2:
-        return ""
-    groups = [(" and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else names[0], count, len(names))
-              for count, names in sorted(by_count.items(), reverse=True)]
-    first, *rest = groups
-    said = [f"{first[0]} {'have' if first[2] > 1 else 'has'} {first[1]} GPUs"] + [f"{names} {count}" for names, count, _ in rest]
-    return ("The NCCL test runs as many GPUs on every node (nccl-tests' -g is one number for all of them): "
-            + ", ".join(said) + ".")
-
-
 def running_test(cluster: Cluster) -> NcclTest | None:
     return NcclTest.objects.select_related("cluster", "started_by").filter(cluster=cluster, state=NcclTestState.RUNNING).first()
 
@@ -141,8 +125,6 @@ def nccl_test_offer(cluster: Cluster, role: roles.Role | None) -> Offer:
         nodes = connection_info.connection_of(cluster).nodes
     except connection_info.NotConnectable as waiting:
         return Offer(False, str(waiting))
-    if uneven := uneven_gpus(nodes):
-        return Offer(False, uneven)
     return ALLOWED
 
 
@@ -167,8 +149,6 @@ def nccl_test_start(*, cluster: Cluster, user=None, confirm: bool = False) -> Nc
             nodes = connection_info.connection_of(cluster).nodes
         except connection_info.NotConnectable as waiting:
             raise ValidationError(str(waiting)) from None
-        if uneven := uneven_gpus(nodes):
-            raise ValidationError(uneven)
         if (copies := hooks.serving_copies(cluster)) and not confirm:
             raise NcclTestConflict(serving_warning(cluster, copies), confirm=True)
         planned = sweep_sizes()

@@ -130,7 +130,7 @@ def wiring_card(cluster: Cluster, cards: dict, selected: int | None = None) -> d
                           summaries.get(m.machine_id, ""), cards["role"]) for m in members]
     if selected not in {m.machine_id for m in members}:
         selected = None
-    return {"member_views": views, "diagram": wiring_diagram(views), "selected": selected, "drain_later": actions.DRAIN_LATER}
+    return {"member_views": views, "diagram": wiring_diagram(views), "selected": selected, "drain_unavailable": actions.DRAIN_UNAVAILABLE}
 
 
 def checks_card(cluster: Cluster) -> dict:

@@ -1,7 +1,7 @@
 """Thin tasks: load by primary key, call a runner or a service."""
 from celery import shared_task
 
-from clusters import health, services
+from clusters import health, leftovers, services
 from clusters.runners import RUNNERS
 from clusters.runners.nccl import nccl_test_run
 from clusters.runners.probe import network_probe_run
@@ -31,6 +31,24 @@ def network_probe(job_id: int) -> None:
 def nccl_test(job_id: int) -> None:
     """The NCCL test: a job of the test's row (it pushes its own card), not one of the cluster's operations."""
     job_run(job_id, lambda ctx: nccl_test_run(ctx, test_id=ctx.job.target_id), on_change=lambda job: None)
+
+
+def _push_machine_job(job: Job) -> None:
+    live.push(f"machine:{job.target_id}", part="job")
+
+
+@shared_task(acks_late=True)
+def machine_images_free(job_id: int) -> None:
+    """Free the runtime images deleted clusters left on a machine: the machine's page shows the job."""
+    job_run(job_id, lambda ctx: leftovers.machine_images_free_run(ctx, machine_id=ctx.job.target_id),
+            on_change=_push_machine_job)
+
+
+@shared_task(acks_late=True)
+def machine_shared_free(job_id: int) -> None:
+    """Empty the /shared a deleted cluster left on its former head."""
+    job_run(job_id, lambda ctx: leftovers.machine_shared_free_run(ctx, machine_id=ctx.job.target_id),
+            on_change=_push_machine_job)
 
 
 @shared_task

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from clusters import connection_views, nccl_views, views
+from clusters import connection_views, leftovers_views, nccl_views, views
 
 app_name = "clusters"
 
@@ -22,4 +22,7 @@ urlpatterns = [
     path("<id:pk>/network/test/", views.cluster_network_test, name="network-test"),
     path("<id:pk>/ssh-certificate/", connection_views.cluster_ssh_certificate, name="ssh-certificate"),
     path("<id:pk>/nccl-test/", nccl_views.cluster_nccl_test, name="nccl-test"),
+    # What deleted clusters left on a machine: buttons of the machine's page.
+    path("machines/<id:pk>/free-images/", leftovers_views.machine_images_free, name="machine-free-images"),
+    path("machines/<id:pk>/free-shared/", leftovers_views.machine_shared_free, name="machine-free-shared"),
 ]

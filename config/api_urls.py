@@ -3,6 +3,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import DefaultRouter
 
 from config.cluster_api import ClusterApiViewSet
+from clusters.leftovers_api import MachineLeftoversViewSet
 from console.audit_api import AuditEntryViewSet
 from deployments.api import DeploymentViewSet
 from deployments.gateway_api import GatewayKeyViewSet
@@ -13,6 +14,7 @@ from machines.profile_api import ProfileKeyViewSet
 
 router = DefaultRouter()
 router.register("machines", MachineViewSet, basename="machine")
+router.register("machines", MachineLeftoversViewSet, basename="machine-leftovers")  # what deleted clusters left
 router.register("clusters", ClusterApiViewSet, basename="cluster")
 router.register("models", ModelViewSet, basename="model")
 router.register("deployments", DeploymentViewSet, basename="deployment")

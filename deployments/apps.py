@@ -16,7 +16,8 @@ class DeploymentsConfig(AppConfig):
         from machines.cards import machine_card_register
 
         hooks.extension_register(DeploymentsExtension())
-        machine_card_register("models", template="deployments/_machine_models.html", context=machine_models_card)
+        machine_card_register("models", template="deployments/_machine_models.html", context=machine_models_card,
+                              takes_role=True)
         machine_card_register("copies", template="deployments/_machine_copies.html", context=machine_copies_card)
         live.register("models", render_models_topic)
         live.register("model", render_model_topic, takes=live.an_id)
@@ -49,9 +50,11 @@ def _cluster_running(sender, cluster, **kwargs) -> None:
     serving.cluster_running(cluster)
 
 
-def machine_models_card(machine) -> dict:
-    """A machine page's "Models in its store" card."""
-    return {"machine_models": list(machine.model_holdings.select_related("model"))}
+def machine_models_card(machine, role) -> dict:
+    """A machine page's "Models in its store" card, with Remove for ``role`` (the files of one model on this machine)."""
+    from deployments.store.actions import REMOVE
+
+    return {"machine_models": list(machine.model_holdings.select_related("model")), "machine_models_remove": REMOVE.offer(role)}
 
 
 def machine_copies_card(machine) -> dict:

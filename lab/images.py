@@ -17,7 +17,8 @@ one with no certified runtime. The lab's aarch64 machine is this x86 host behind
 so its build carries the same x86_64 binaries under the aarch64 label (lab/README.md).
 
 For tests that move images but never run them (the ``process`` driver), ``synthetic`` builds are
-loadable archives of the same labels whose one layer is random bytes of a chosen size.
+loadable archives of the same labels whose one layer is random bytes of a chosen size, with empty
+stand-ins where the console's import looks for the programs a runtime image must hold.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ ENGINE_IN_IMAGE = "usr/local/bin/vllm"
 ALL_REDUCE = Path(__file__).resolve().parent / "stubs" / "all_reduce_perf"
 ALL_REDUCE_IN_IMAGE = "usr/local/bin/all_reduce_perf"
 LABEL = "org.fadenstack.runtime."
+# Where a synthetic build holds empty stand-ins: the paths the console's import looks for (the programs
+# on the image's PATH, Ray's dashboard packages: docs/runtime-images.md), so it imports a synthetic build
+# as it does a real one. The `process` driver never runs them.
+SYNTHETIC_STAND_INS = ("usr/bin/python3", "usr/local/bin/ray", RAY_DIR.lstrip("/") + "/ray/dashboard/__init__.py",
+                       RAY_DIR.lstrip("/") + "/aiohttp/__init__.py", "usr/bin/ssh", "usr/bin/mpirun",
+                       ALL_REDUCE_IN_IMAGE, ENGINE_IN_IMAGE)
 RAY_WRAPPER = b"""#!/usr/bin/python3
 # Ray's command line, for the Ray installed in %s.
 import sys
@@ -170,18 +177,23 @@ def engine_layer() -> archive.Layer:
     return _cached_layer("engine", key, lambda path: archive.layer_from_files(files, path, mode=0o755))
 
 
+def synthetic_files(payload_bytes: int) -> dict[str, bytes]:
+    """One file of random bytes (bytes that neither compress nor repeat, for transfers and resumes) and
+    the empty stand-ins."""
+    return {"payload.bin": os.urandom(payload_bytes), **{name: b"" for name in SYNTHETIC_STAND_INS}}
+
+
 def synthetic_layer(out_dir: Path, size_mib: int) -> archive.Layer:
-    """One file of random bytes (bytes that neither compress nor repeat, for transfers and resumes),
-    kept beside the images it went into."""
-    return _layer_at(out_dir / f".synthetic-{size_mib}.tar.gz",
-                     lambda path: archive.layer_from_files({"payload.bin": os.urandom(size_mib * MIB)}, path))
+    """The synthetic build's one layer, kept beside the images it went into."""
+    return _layer_at(out_dir / f".synthetic-{size_mib}-stand-ins.tar.gz",
+                     lambda path: archive.layer_from_files(synthetic_files(size_mib * MIB), path, mode=0o755))
 
 
 def synthetic_write(path: Path, build: Build, payload_bytes: int, **labels: str) -> Path:
     """One synthetic image at ``path`` whose payload is ``payload_bytes`` random bytes; ``labels``
     (field=value, as ``version="3.0.0"``) replace the build's own."""
     with tempfile.TemporaryDirectory(prefix="fadenstack-image-") as work:
-        layer = archive.layer_from_files({"payload.bin": os.urandom(payload_bytes)}, Path(work) / "layer.tar.gz")
+        layer = archive.layer_from_files(synthetic_files(payload_bytes), Path(work) / "layer.tar.gz", mode=0o755)
         _write(path, build, [layer], "none", {LABEL + name.replace("_", "-"): value for name, value in labels.items()})
     return path
 

@@ -272,6 +272,15 @@ class Agent:
         the same source changes nothing, a dead one is mounted again. A head that does not answer is unreachable."""
         return shared_change_from(self._call("shared", "mount", "--head", head, "--method", method, timeout=120))
 
+    def image_remove(self) -> dict:
+        """Free the runtime images in the machine's store but the one its started runtime runs (agent 0.9):
+        ``{"removed": [{"digest", "size"}], "kept": [{"digest", "why"}], "freed", "warnings"}``."""
+        return self._call("image", "remove", timeout=300)
+
+    def shared_clear(self) -> dict:
+        """Empty the /shared a deleted cluster left on its former head (agent 0.9): ``{"removed", "freed"}``."""
+        return self._call("shared", "clear", timeout=300)
+
     def shared_unmount(self) -> SharedChange:
         """Take /shared away as the agent made it: a node's mount goes, the head's export goes and its files stay."""
         return shared_change_from(self._call("shared", "unmount", timeout=120))

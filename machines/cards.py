@@ -10,20 +10,21 @@ from dataclasses import dataclass
 class MachineCard:
     name: str
     template: str
-    context: Callable[[object], dict]  # (machine) -> context
+    context: Callable[..., dict]  # (machine) -> context, or (machine, role) when takes_role
+    takes_role: bool = False  # its buttons are drawn for the viewer's role
 
 
 _cards: dict[str, MachineCard] = {}
 
 
-def machine_card_register(name: str, *, template: str, context: Callable[[object], dict]) -> None:
-    _cards[name] = MachineCard(name=name, template=template, context=context)
+def machine_card_register(name: str, *, template: str, context: Callable[..., dict], takes_role: bool = False) -> None:
+    _cards[name] = MachineCard(name=name, template=template, context=context, takes_role=takes_role)
 
 
-def machine_cards_extra(machine) -> dict:
+def machine_cards_extra(machine, role=None) -> dict:
     """The registered cards' templates (``extra_cards``) with their context merged in."""
     context: dict = {"extra_cards": []}
     for card in _cards.values():
-        context |= card.context(machine)
+        context |= card.context(machine, role) if card.takes_role else card.context(machine)
         context["extra_cards"].append(card.template)
     return context

@@ -172,7 +172,7 @@ def machine_cards(machine: Machine, *, role: roles.Role | None) -> dict:
         "job": jobs[0] if jobs else None,
         "jobs": jobs,
         "events": list(machine.events.all()[:15]),
-    } | machine_cards_extra(machine)
+    } | machine_cards_extra(machine, role)
 
 
 def machine_detail(request, pk: int):

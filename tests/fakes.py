@@ -15,7 +15,8 @@ gives another line); node files written stay on their machine (``FakeAgents.node
 /shared: ``shared_can`` / ``shared_cannot`` are what ``shared status`` says the machine can do (sshfs only by
 default); an export or a mount stays on its machine (``FakeAgents.shared``: ``{"role", "method", "head"}``) until
 unmounted, a mount of the same head and method again is ``already`` (changes nothing); ``shared_error``
-(``(kind, message)``) fails an export, a mount or an unmount.
+(``(kind, message)``) fails an export, a mount or an unmount. ``image_remove`` / ``shared_clear`` are what those
+commands answer (``image_remove_error`` / ``shared_clear_error``: ``(kind, message)`` fails them).
 ``allreduce_run`` replays a recorded all_reduce_perf output line by line (``allreduce``: ``{"fixture": a file of
 tests/fixtures/nccl, default a3mega-h100-2x8.txt, or "lines": [...], "exit_status", "timed_out", "stderr_tail"}``),
 asking ``abort`` before each line as the SSH session does (a reason ends it as unreachable);
@@ -227,6 +228,16 @@ class FakeAgent:
         held = self._fakes.shared.pop(self.machine.name, None) or {}
         return self._shared_change(changed=bool(held), method=held.get("method", ""),
                                    kept="/shared" if held.get("role") == "head" else "")
+
+    def image_remove(self) -> dict:
+        """What ``image remove`` freed: ``image_remove`` in the machine's answers, else nothing."""
+        self._fail("image_remove_error")
+        return self._answer("image_remove").get("image_remove") or {"removed": [], "kept": [], "freed": 0, "warnings": []}
+
+    def shared_clear(self) -> dict:
+        """What ``shared clear`` removed: ``shared_clear`` in the machine's answers, else nothing."""
+        self._fail("shared_clear_error")
+        return self._answer("shared_clear").get("shared_clear") or {"removed": 0, "freed": 0}
 
     def __getattr__(self, method: str):
         # Commands that only act (start, stop, join, ...) succeed and are recorded.

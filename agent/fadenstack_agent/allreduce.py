@@ -2,15 +2,15 @@
 
 nccl-tests spans machines only under MPI (without it, it is one process on one node: NVIDIA's answer
 in nccl-tests issue #121), so the head runs Open MPI's ``mpirun`` inside its runtime container, one
-process per node with ``-g <GPUs per node>`` (``allreducespec.mpirun_argv``, a pure function of the
-spec, as everything built from it is)::
+process per GPU with ``-g 1``, which serves nodes of different GPU counts (``allreducespec.mpirun_argv``,
+a pure function of the spec, as everything built from it is)::
 
-    mpirun --allow-run-as-root --leave-session-attached --hostfile <store>/allreduce/hostfile -np N
-           --map-by ppr:1:node --bind-to none --mca plm_rsh_agent <store>/allreduce/launch
-           --mca plm_rsh_no_tree_spawn 1 -x FADEN_ALLREDUCE_NODES=ADDR,...
-           all_reduce_perf -b MIN -e MAX -f 2 -g G -n ITERS -w WARMUP -c 1
+    mpirun --allow-run-as-root --leave-session-attached --hostfile <store>/allreduce/hostfile -np <all GPUs>
+           --map-by slot --bind-to none --mca plm_rsh_agent <store>/allreduce/launch
+           --mca plm_rsh_no_tree_spawn 1 -x FADEN_ALLREDUCE_NODES=ADDR,... -x FADEN_ALLREDUCE_SLOTS=G,...
+           all_reduce_perf -b MIN -e MAX -f 2 -g 1 -n ITERS -w WARMUP -c 1
 
-The hostfile names the nodes' addresses, one slot each, head first (Open MPI runs the head's process
+The hostfile names the nodes' addresses, a slot per GPU, head first (Open MPI runs the head's process
 itself). For every other node mpirun calls the launcher (``launcher_text``, written to the store,
 which the container sees at ``/var/lib/fadenstack``) with the address and the command line of its
 daemon, ``orted``; the launcher reaches the node over the cluster's own SSH and has that node's agent

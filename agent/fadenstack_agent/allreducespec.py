@@ -16,6 +16,7 @@ from .protocol import BAD_INPUT, AgentError
 PROGRAM = "all_reduce_perf"
 MPIRUN = "mpirun"
 NODES_VARIABLE = "FADEN_ALLREDUCE_NODES"  # mpirun -x: every rank's environment
+SLOTS_VARIABLE = "FADEN_ALLREDUCE_SLOTS"  # and each node's number of processes (its GPUs)
 MAX_NODES, MAX_GPUS = 256, 64
 MAX_BYTES = 16 * 1024 ** 3
 TIMEOUT_MAX = 3600
@@ -59,11 +60,6 @@ def _check_nodes(nodes) -> list:
             raise AgentError(BAD_INPUT, "the address %s is in the allreduce spec's nodes twice" % address)
         seen.add(address)
         checked.append({"name": name, "address": address, "gpus": gpus})
-    counts = sorted({node["gpus"] for node in checked})
-    if len(counts) > 1:
-        # nccl-tests gives every process the same -g and counts the ranks from it: a mix would hang NCCL.
-        raise AgentError(BAD_INPUT, "all_reduce_perf runs the same number of GPUs (-g) on every node, but these "
-                                    "nodes have %s GPUs" % ", ".join(str(c) for c in counts))
     return checked
 
 
@@ -96,22 +92,27 @@ def check_spec(spec) -> dict:
 
 
 def hostfile_text(nodes: list) -> str:
-    """mpirun's hostfile: the nodes' addresses in rank order, one slot (one process) each."""
-    return "".join("%s slots=1\n" % node["address"] for node in nodes)
+    """mpirun's hostfile: the nodes' addresses in rank order, a slot (a process) per GPU."""
+    return "".join("%s slots=%d\n" % (node["address"], node["gpus"]) for node in nodes)
 
 
 def mpirun_argv(spec: dict, hostfile: str, launcher: str, program: str = PROGRAM) -> list:
-    """The whole run, one process per node of ``-g`` GPUs each; ``hostfile`` and ``launcher`` as the
+    """The whole run, one process per GPU (``-g 1``): what nccl-tests users do for nodes of different
+    GPU counts, since ``-g`` is one number for every process. mpirun fills each node's slots (its GPUs)
+    in the hostfile's order, so a node's ranks follow each other. ``hostfile`` and ``launcher`` as the
     runtime sees them. No tree spawn: only the head has the launcher; the daemons stay in their SSH
-    sessions (not daemonized), where each node's ``allreduce exec`` watches them; binding off: a
-    process drives all of its node's GPUs. Every rank gets the nodes' addresses in rank order (``NODES_VARIABLE``):
-    nccl-tests has MPI and ignores it; the lab's all_reduce_perf, which has none, finds its peers so."""
-    return [MPIRUN, "--allow-run-as-root", "--leave-session-attached", "--hostfile", hostfile, "-np", str(len(spec["nodes"])),
-            "--map-by", "ppr:1:node", "--bind-to", "none",
+    sessions (not daemonized), where each node's ``allreduce exec`` watches them; binding off: NCCL
+    picks each rank's GPU itself. Every rank gets the nodes' addresses in rank order and their process
+    counts (``NODES_VARIABLE``, ``SLOTS_VARIABLE``): nccl-tests has MPI and ignores them; the lab's
+    all_reduce_perf, which has none, finds its peers so."""
+    nodes = spec["nodes"]
+    return [MPIRUN, "--allow-run-as-root", "--leave-session-attached", "--hostfile", hostfile,
+            "-np", str(sum(node["gpus"] for node in nodes)), "--map-by", "slot", "--bind-to", "none",
             "--mca", "plm_rsh_agent", launcher, "--mca", "plm_rsh_no_tree_spawn", "1",
-            "-x", "%s=%s" % (NODES_VARIABLE, ",".join(node["address"] for node in spec["nodes"])),
+            "-x", "%s=%s" % (NODES_VARIABLE, ",".join(node["address"] for node in nodes)),
+            "-x", "%s=%s" % (SLOTS_VARIABLE, ",".join(str(node["gpus"]) for node in nodes)),
             program, "-b", str(spec["minbytes"]), "-e", str(spec["maxbytes"]), "-f", "2",
-            "-g", str(spec["nodes"][0]["gpus"]), "-n", str(spec["iters"]), "-w", str(spec["warmup"]),
+            "-g", "1", "-n", str(spec["iters"]), "-w", str(spec["warmup"]),
             "-c", "1" if spec["check"] else "0"]
 
 

@@ -1,4 +1,4 @@
-"""``image fetch|verify|load|list``: runtime images, a thin layer over blobs.
+"""``image fetch|verify|load|list|remove``: runtime images, a thin layer over blobs.
 
 A runtime image is a blob (``blob``) that is a container image archive
 (docker-archive) labelled with its build (``imagearchive``).  Fetching, verifying and serving it are the blob
@@ -18,7 +18,8 @@ from .blobstore import check_digest, list_blobs
 from .cli import DIGEST, STORE, command, group
 from .containers import ENGINES, Engine
 from .engines import DRIVER, chosen_driver, has_image, load_image, run_engine
-from .files import load_machine_config, read_json, runtime_dir, store_dir, write_json
+from .files import load_machine_config, read_json, remove_quietly, runtime_dir, store_dir, write_json
+from .modelstore import named_digests
 from .protocol import NOT_RETRYABLE, AgentError
 
 IMAGE_DIGEST = (DIGEST[0], dict(DIGEST[1], help="the image's sha256"))
@@ -124,3 +125,57 @@ def cmd_list(args, out) -> int:
     images = [dict(held, loaded=held["digest"] == loaded and held["state"] == "complete")
               for held in list_blobs(store)]
     return out.result(store=store, images=images)
+
+
+def running_digest(store: str):
+    """The image the started runtime runs (``runtime start``'s record), or None when none is started."""
+    state = read_json(os.path.join(runtime_dir(store), "state.json")) or {}
+    return state.get("digest") if state.get("state") == "started" else None
+
+
+@command("image", "remove", args=[STORE])
+def cmd_remove(args, out) -> int:
+    """``image remove [--store PATH]``: free the runtime images a deleted cluster left in the store (agent 0.9).
+
+    Every complete blob that is a runtime image (its labels read: model files are not) and that no placed
+    model names is removed, except the one the started runtime runs, which is kept and named. With Docker
+    or Podman, the engine's copy of the loaded image goes too (``rmi``, when no container uses it), and the
+    record of the loaded image with it. Partial fetches are left alone.
+
+    Result: ``{"store", "removed": [{"digest", "size"}], "kept": [{"digest", "why"}], "freed": bytes,
+    "engine_removed": [refs], "warnings"}``.
+    """
+    store = store_dir(args.store)
+    running = running_digest(store)
+    named = named_digests(store)
+    removed, kept, warnings, freed = [], [], [], 0
+    for held in list_blobs(store):
+        digest = held["digest"]
+        if held["state"] != "complete" or digest in named:
+            continue
+        try:
+            read_manifest(held["path"])
+        except AgentError:
+            continue  # not a runtime image: a model's file on its way, or something else
+        if digest == running:
+            kept.append({"digest": digest, "why": "the started runtime runs it"})
+            continue
+        size = os.stat(held["path"]).st_size
+        if remove_quietly(held["path"]):
+            removed.append({"digest": digest, "size": size})
+            freed += size
+    engine_removed = []
+    loaded = read_loaded(store)
+    if loaded.get("digest") in {item["digest"] for item in removed}:
+        if loaded.get("driver") in ENGINES and loaded.get("image_ref"):
+            engine = Engine.from_config(loaded["driver"], load_machine_config())
+            code, _, err = run_engine(engine.argv("rmi", loaded["image_ref"]))
+            if code == 0:
+                engine_removed.append(loaded["image_ref"])
+            else:
+                warnings.append("%s kept %s: %s" % (loaded["driver"], loaded["image_ref"], err.strip()[-300:]))
+        remove_quietly(loaded_path(store))
+    for warning in warnings:
+        out.log(warning)
+    return out.result(store=store, removed=removed, kept=kept, freed=freed, engine_removed=engine_removed,
+                      warnings=warnings)

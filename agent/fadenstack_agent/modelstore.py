@@ -282,11 +282,17 @@ def remove(store: str, repo: str, revision: str) -> int:
     return free_unreferenced(store, _digests(manifest)) if manifest else 0
 
 
-def free_unreferenced(store: str, digests: set) -> int:
-    """Remove the blobs among ``digests`` that no manifest names; the bytes that left the disk."""
+def named_digests(store: str) -> set:
+    """The blobs the placed models' manifests name: model files, never runtime images."""
     named = set()
     for manifest in read_manifests(store):
         named |= _digests(manifest)
+    return named
+
+
+def free_unreferenced(store: str, digests: set) -> int:
+    """Remove the blobs among ``digests`` that no manifest names; the bytes that left the disk."""
+    named = named_digests(store)
     freed = 0
     for digest in sorted(digests - named):
         path = BlobFiles(store, digest).path

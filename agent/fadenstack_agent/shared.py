@@ -1,4 +1,4 @@
-"""``shared export|mount|unmount|status``: the cluster's shared files, ``/shared``.
+"""``shared export|mount|unmount|clear|status``: the cluster's shared files, ``/shared``.
 
 ``/shared`` lives on the head and every other node mounts it over the cluster's network, by one of
 two methods the console picks from what ``shared status`` says each machine can do:
@@ -24,6 +24,7 @@ stands for ``/proc`` and ``FADEN_SHARED_PATH`` is where programs are looked for.
 
 import ipaddress
 import os
+import shutil
 
 from .cli import arg, command, group
 from .files import is_root
@@ -277,6 +278,51 @@ def cmd_unmount(args, out) -> int:
         out.log(warning)
     return out.result(path=SHARED, unmounted=unmounted, method=(mounted or {}).get("method") if unmounted else None,
                       lazy=lazy, unexported=unexported, kept=kept, warnings=warnings)
+
+
+def _tree_size(path: str) -> tuple:
+    """``(entries, bytes)`` under ``path``, links not followed."""
+    entries = size = 0
+    for top, dirs, files in os.walk(path):
+        for name in dirs + files:
+            entries += 1
+            try:
+                size += os.lstat(os.path.join(top, name)).st_size if name in files else 0
+            except OSError:
+                pass
+    return entries, size
+
+
+@command("shared", "clear")
+def cmd_clear(args, out) -> int:
+    """``shared clear``: remove the files a deleted cluster left in this machine's /shared (agent 0.9).
+
+    For a former head, whose /shared keeps its files when the cluster is deleted (``shared unmount``'s
+    ``kept``). Refused, ``not_retryable``, while /shared is a cluster's: a network file system mounted
+    there (another head's files), an NFS export of ours, or the record of a head or node the agent made
+    (the cluster's delete takes it away). The directory stays, with its mode; only what is in it goes.
+    Result: ``{"path", "removed": entries, "freed": bytes}``.
+    """
+    machine = Machine()
+    _require_root(machine)
+    mounted, record = machine.mount(), machine.record()
+    if mounted is not None:
+        raise AgentError(NOT_RETRYABLE, "/shared here is mounted from %s: its files are that machine's, not this "
+                                        "one's" % mounted["source"])
+    if record.get("role") or read(machine.real(EXPORTS))[0] is not None:
+        raise AgentError(NOT_RETRYABLE, "/shared here is a cluster's (this machine is its %s): its files stay while "
+                                        "the cluster uses them" % (record.get("role") or "head"))
+    path = machine.real(SHARED)
+    if not os.path.isdir(path) or os.path.islink(path):
+        return out.result(path=SHARED, removed=0, freed=0)
+    removed, freed = _tree_size(path)
+    for name in os.listdir(path):
+        entry = os.path.join(path, name)
+        if os.path.isdir(entry) and not os.path.islink(entry):
+            shutil.rmtree(entry)
+        else:
+            os.unlink(entry)
+    return out.result(path=SHARED, removed=removed, freed=freed)
 
 
 @command("shared", "status")

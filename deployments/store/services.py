@@ -65,7 +65,7 @@ def model_delete(model: StoredModel, *, user=None) -> None:
 
 def _download_start(model: StoredModel, user) -> Job:
     return job_start(kind=downloads.KIND, title=f"Download {model}", target_type="model", target_id=model.pk,
-                     steps=downloads.STEPS, user=user)
+                     steps=downloads.DOWNLOAD.step_names, user=user)
 
 
 def _user(user):
@@ -90,7 +90,7 @@ def model_copy(model: StoredModel, cluster, *, user=None) -> Job:
         if refusal := actions.agents_refusal(cluster):
             raise ValidationError(refusal)
         return job_start(kind=machine_files.KIND, title=f"Copy {model} to {cluster.name}'s machines", target_type="cluster",
-                         target_id=cluster.pk, steps=machine_files.copy_steps(cluster), user=user, params={"model": model.pk})
+                         target_id=cluster.pk, steps=machine_files.copy_operation(cluster).step_names, user=user, params={"model": model.pk})
 
 
 def model_remove_from_machines(model: StoredModel, machine_ids: list[int] | None = None, *, user=None) -> Job:
@@ -104,5 +104,5 @@ def model_remove_from_machines(model: StoredModel, machine_ids: list[int] | None
         if busy := selectors.model_active_job(model):
             raise ValidationError(f"{model} has a job running ({busy.title}): wait for it to end.")
         return job_start(kind=machine_files.REMOVE_KIND, title=f"Remove {model} from {len(ids)} machine{'s' if len(ids) > 1 else ''}",
-                         target_type="model", target_id=model.pk, steps=(machine_files.REMOVE,), user=user,
+                         target_type="model", target_id=model.pk, steps=machine_files.REMOVE.step_names, user=user,
                          params={"machines": ids})

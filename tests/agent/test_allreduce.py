@@ -40,18 +40,19 @@ exec setsid --wait sh -c "$*"
 # ------------------------------------------------------------------ the spec and the argv
 
 
-def test_mpirun_runs_one_process_per_node_with_the_gpus_of_a_node_and_nccl_tests_own_flags():
-    spec = allreducespec.check_spec(dict(SPEC, nodes=[dict(n, gpus=8) for n in NODES], check=False))
+def test_mpirun_runs_one_process_per_gpu_on_nodes_of_different_gpu_counts_with_nccl_tests_own_flags():
+    spec = allreducespec.check_spec(dict(SPEC, nodes=[dict(NODES[0], gpus=8), dict(NODES[1], gpus=4)], check=False))
     assert allreducespec.mpirun_argv(spec, "/var/lib/fadenstack/allreduce/hostfile", "/var/lib/fadenstack/allreduce/launch") == [
-        "mpirun", "--allow-run-as-root", "--leave-session-attached", "--hostfile", "/var/lib/fadenstack/allreduce/hostfile", "-np", "2",
-        "--map-by", "ppr:1:node", "--bind-to", "none", "--mca", "plm_rsh_agent", "/var/lib/fadenstack/allreduce/launch",
+        "mpirun", "--allow-run-as-root", "--leave-session-attached", "--hostfile", "/var/lib/fadenstack/allreduce/hostfile", "-np", "12",
+        "--map-by", "slot", "--bind-to", "none", "--mca", "plm_rsh_agent", "/var/lib/fadenstack/allreduce/launch",
         "--mca", "plm_rsh_no_tree_spawn", "1", "-x", "FADEN_ALLREDUCE_NODES=127.0.0.2,127.0.0.3",
-        "all_reduce_perf", "-b", "1048576", "-e", "4194304", "-f", "2", "-g", "8", "-n", "2", "-w", "0", "-c", "0"]
-    assert allreducespec.hostfile_text(spec["nodes"]) == "127.0.0.2 slots=1\n127.0.0.3 slots=1\n"
+        "-x", "FADEN_ALLREDUCE_SLOTS=8,4",
+        "all_reduce_perf", "-b", "1048576", "-e", "4194304", "-f", "2", "-g", "1", "-n", "2", "-w", "0", "-c", "0"]
+    assert allreducespec.hostfile_text(spec["nodes"]) == "127.0.0.2 slots=8\n127.0.0.3 slots=4\n"
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"nodes": [dict(NODES[0], gpus=2), NODES[1]]}, "the same number of GPUs (-g) on every node, but these nodes have 1, 2"),
+    ({"nodes": [dict(NODES[0], gpus=0), NODES[1]]}, "gpus must be a whole number from 1 to 64, got 0"),
     ({"minbytes": 8388608}, "minbytes (8388608) is above its maxbytes (4194304)"),
     ({"nodes": [dict(NODES[0], address="node-0.example"), NODES[1]]}, "nodes[0].address must be an IP address"),
     ({"nodes": [NODES[0], NODES[0]]}, "127.0.0.2 is in the allreduce spec's nodes twice"),
@@ -407,14 +408,15 @@ def hwloc_crashed(result) -> bool:
 
 @pytest.mark.skipif(not HAS_MPIRUN, reason="Open MPI's mpirun is not on this host (apt-get install openmpi-bin)")
 def test_real_mpirun_runs_the_stub_on_two_nodes_through_the_launcher_and_allreduce_exec(machine):
-    *progress, result = events(machine.run(SPEC))
+    uneven = dict(SPEC, nodes=[dict(NODES[0], gpus=2), NODES[1]])  # one process per GPU: 2 on one node, 1 on the other
+    *progress, result = events(machine.run(uneven))
     if hwloc_crashed(result):  # Open MPI's, at its start; the test of our part runs again once
         (machine.path / "ssh.log").unlink(missing_ok=True)
-        *progress, result = events(machine.run(SPEC))
+        *progress, result = events(machine.run(uneven))
     lines = [event["line"] for event in progress if event["event"] == "progress"]
     assert result["exit_status"] == 0, result
     assert lines[0].startswith("# nThread 1 nGpus 1 minBytes 1048576 maxBytes 4194304 step: 2(factor)")
-    assert sum(1 for line in lines if line.startswith("#  Rank ")) == 2
+    assert sum(1 for line in lines if line.startswith("#  Rank ")) == 3  # every GPU of both nodes
     rows = [line.split() for line in lines if line and not line.startswith("#")]
     assert [int(row[0]) for row in rows] == [1048576, 2097152, 4194304]
     assert all(row[8] == "0" and row[12] == "0" for row in rows)  # no wrong element, out of place and in place

@@ -366,3 +366,37 @@ def test_server_sends_only_verified_bytes_and_waits_for_more(machines, image):
     status, _, body = _request(a.port, "/images/" + d, headers={"Range": "bytes=%d-%d" % (chunk, 3 * chunk - 1)})
     assert status == 206 and body == image["data"][chunk:3 * chunk]
     assert time.monotonic() - started >= 0.5
+
+
+# ------------------------------------------------------------------ remove
+
+
+def test_remove_frees_the_runtime_images_but_the_one_the_runtime_runs_and_never_a_models_file(machines, image):
+    b = machines("b")
+    d = image["digest"]
+    b.hold(image)
+    model_file = os.urandom(4096)
+    model = dict(image, data=model_file, digest=hashlib.sha256(model_file).hexdigest())
+    b.hold(model)
+    code, events = b.run(["model", "place"], stdin={"repo": "org/chat", "revision": "abc123", "files": [
+        {"path": "model.safetensors", "digest": model["digest"], "size": len(model_file)}]})
+    assert code == 0, events
+    code, events = b.run(["image", "load", "--digest", d])
+    assert code == 0
+    state = os.path.join(b.store, "runtime", "state.json")
+    with open(state, "w") as fh:
+        json.dump({"state": "started", "cluster": "gpu-room", "digest": d}, fh)
+
+    code, events = b.run(["image", "remove"])
+    assert code == 0 and result_of(events)["kept"] == [{"digest": d, "why": "the started runtime runs it"}]
+    assert result_of(events)["removed"] == [] and os.path.exists(b.img(d))
+
+    with open(state, "w") as fh:
+        json.dump({"state": "stopped", "cluster": "gpu-room", "digest": d}, fh)
+    code, events = b.run(["image", "remove"])
+    res = result_of(events)
+    assert code == 0 and res["removed"] == [{"digest": d, "size": image["size"]}] and res["freed"] == image["size"]
+    assert not os.path.exists(b.img(d)) and not os.path.exists(os.path.join(b.store, "runtime", "loaded.json"))
+    assert os.path.exists(b.blob(model["digest"]))  # the model's file is not an image: it stays
+    code, events = b.run(["image", "remove"])
+    assert code == 0 and result_of(events)["removed"] == []  # nothing left to free

@@ -282,6 +282,30 @@ def test_unmount_on_the_head_takes_the_export_away_and_keeps_the_files(machine):
     assert machine.programs_run()[-1] == ["exportfs", "-ra"]
 
 
+def test_clear_empties_a_former_heads_shared_once_its_cluster_let_go_and_keeps_the_directory(machine):
+    machine.ok("export", "--method", "nfs", "--allow-from", "198.18.1.0/24")
+    (machine.file("/shared/runs")).mkdir()
+    machine.file("/shared/runs/checkpoint.pt").write_text("weights")
+
+    code, events = machine.run("clear")  # the cluster still has it: the export, the head's record
+    assert code == 1 and events[-1]["kind"] == "not_retryable"
+    assert events[-1]["message"] == "/shared here is a cluster's (this machine is its head): its files stay while the cluster uses them"
+    assert machine.file("/shared/runs/checkpoint.pt").exists()
+
+    machine.ok("unmount")  # the cluster's delete
+    result = machine.ok("clear")
+
+    assert (result["path"], result["removed"], result["freed"]) == ("/shared", 2, len("weights"))  # runs/ and its file
+    assert machine.file("/shared").is_dir() and not list(machine.file("/shared").iterdir())
+    assert oct(machine.file("/shared").stat().st_mode & 0o7777) == "0o1777"
+
+
+def test_clear_never_touches_a_mount_of_another_heads_shared(machine):
+    machine.ok("mount", "--head", "198.18.1.10", "--method", "sshfs")
+    code, events = machine.run("clear")
+    assert code == 1 and events[-1]["message"] == "/shared here is mounted from root@198.18.1.10:/shared: its files are that machine's, not this one's"
+
+
 def test_a_former_node_that_becomes_the_head_unmounts_its_old_mount_first(machine):
     machine.ok("mount", "--head", "198.18.1.10", "--method", "sshfs")
 

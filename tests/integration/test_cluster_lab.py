@@ -8,13 +8,14 @@ from django.core.exceptions import ValidationError
 
 from clusters import services
 from clusters.choices import ClusterState, MemberState
-from clusters.models import Cluster, Transfer
+from clusters.models import Cluster, NcclTest, NcclTestState, Transfer
+from clusters.nccl_api import NcclTestSerializer
 from machines import remote
 from machines.agent_client import Agent
 from machines.models import Machine
 from machines.services import machine_target
 from tests.integration import connect_lab
-from tests.harness import FABRIC, enrol, images_import, leave_nothing_running
+from tests.harness import FABRIC, enrol, images_import, leave_nothing_running, wait_for
 
 pytestmark = [pytest.mark.lab, pytest.mark.django_db(transaction=True)]
 
@@ -37,6 +38,11 @@ def enrolled(lab, console_url, settings):
     Cluster.objects.update(state=ClusterState.STOPPED)
     lab.heal()
     leave_nothing_running(Machine.objects.filter(name__in=names))
+
+
+def remote_out(machine: Machine, command: str) -> str:
+    with remote.connect(machine_target(machine)) as conn:
+        return remote.run(conn, ["sh", "-c", command]).stdout
 
 
 def ray_nodes(head: Machine, address: str) -> list[dict]:
@@ -66,7 +72,8 @@ def start_in_background(name: str, machines, *, until_fraction_on: Machine, frac
 
 
 def test_four_machines_of_two_platforms_reach_running_and_a_transfer_cut_in_the_middle_resumes(lab, enrolled, api_client,
-                                                                                              api_token, console_url, tmp_path):
+                                                                                              api_token, console_url, tmp_path,
+                                                                                              settings):
     """One start for all of it: the x86_64 image down the chain (the server, lab-a, lab-b, lab-c), the
     aarch64 build from the server to lab-d (each build leaves the server once), lab-b's fabric link pulled
     while its copy is under way, which it resumes with at most one chunk sent again; then the cluster as
@@ -105,9 +112,28 @@ def test_four_machines_of_two_platforms_reach_running_and_a_transfer_cut_in_the_
     connect_lab.check_node_to_node(cluster, nodes, home=tmp_path / "ada")
     connect_lab.check_shared_files(cluster, nodes)
     connect_lab.check_ray_job_through_the_tunnel(cluster, console_url=console_url, token=api_token.key, home=tmp_path / "ada")
-    # 8, 8, 4 and 4 GPUs: nccl-tests runs one -g on every node (the fabric's run is test_cluster_life_lab's)
-    refused = api_client.post(f"/api/clusters/{cluster.pk}/tests/", {"confirm": False}, format="json")
-    assert refused.status_code == 400 and "lab-a and lab-b have 8 GPUs, lab-c and lab-d 4" in refused.content.decode()
+    check_nccl_test_on_nodes_of_different_gpu_counts(cluster, api_client, settings)
+
+
+def check_nccl_test_on_nodes_of_different_gpu_counts(cluster, api_client, settings):
+    """8, 8, 4 and 4 GPUs: one process per GPU (24), the sizes and their check as on even nodes (the
+    rate on the fabric is test_cluster_life_lab's), and nothing of the run left on any machine."""
+    settings.FADEN_NCCL_TEST_MAX_BYTES, settings.FADEN_NCCL_TEST_ITERS, settings.FADEN_NCCL_TEST_WARMUP = 4 * 2**20, 2, 1
+    started = api_client.post(f"/api/clusters/{cluster.pk}/tests/", {"confirm": False}, format="json")
+    assert started.status_code == 201, started.content
+    test = started.json()
+    ended = wait_for(lambda: NcclTest.objects.filter(pk=test["id"]).exclude(state=NcclTestState.RUNNING).first(),
+                     timeout=180, what="the NCCL test to end")
+    shown = NcclTestSerializer(ended).data
+    assert shown["state"] == "finished", (shown["message"], connect_lab.job_log(shown))
+    assert (ended.nodes, ended.gpus) == (4, 24)
+    assert [row["size_bytes"] for row in shown["rows"]] == [2**20, 2**21, 2**22]
+    assert shown["peak"]["busbw"] > 0 and shown["message"].startswith("Peak ")
+    job_log = connect_lab.job_log(shown)
+    assert "all_reduce_perf on 4 nodes from lab-a" in job_log
+    for member in cluster.members.select_related("machine"):
+        left = remote_out(member.machine, "pgrep -af '[a]ll_reduce_perf|[o]rted|[m]pirun' || true")
+        assert not left.strip(), f"{member.machine.name}: {left}"
 
 
 def test_a_machine_without_room_says_how_much_is_needed_and_writes_nothing(lab, enrolled):

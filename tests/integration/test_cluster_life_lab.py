@@ -12,11 +12,12 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from clusters import nccl_tests, services
-from clusters.choices import CheckOutcome, ClusterState, MemberState
+from clusters import leftovers, nccl_tests, services
+from clusters.choices import CheckOutcome, ClusterState, MemberState, Role
 from clusters.models import Cluster, HealthCheck, NcclTest, NcclTestState
 from clusters.nccl_api import NcclTestSerializer
 from console import roles
+from console.choices import JOB_TERMINAL, JobState
 from console.models import Job
 from machines.choices import MachineState
 from machines.models import Machine
@@ -235,12 +236,30 @@ def test_stop_frees_the_machines_start_brings_it_back_and_delete_leaves_them_enr
     wait_for(lambda: all_up(NAME, len(members)), timeout=120, what="Running again with every machine")
     assert all(ray_runs_on(m.machine) for m in members)
 
+    head = next(m.machine for m in members if m.role == Role.HEAD)
+    lab.ssh(head.address, "echo weights > /shared/left-by-a-user.txt")
     job = services.cluster_delete(cluster=Cluster.objects.get(name=NAME))
     assert job is not None  # a running cluster is stopped first
     wait_for(lambda: not Cluster.objects.filter(name=NAME).exists(), timeout=60, what="the cluster to go")
     assert not any(ray_runs_on(m.machine) for m in members)
     assert Machine.objects.filter(pk__in=[m.machine.pk for m in members], membership__isnull=True,
                                   state=MachineState.HEALTHY).count() == len(members)
+    check_freeing_what_the_cluster_left(lab, Machine.objects.get(pk=head.pk))
+
+
+def check_freeing_what_the_cluster_left(lab, head: Machine) -> None:
+    """What the Delete page says stays (the head's /shared, the runtime image in the store and in Podman) is
+    there, and the machine page's jobs free it: the agent's shared clear and image remove on Podman."""
+    assert "left-by-a-user.txt" in lab.ssh(head.address, "ls /shared").stdout
+    assert "fadenstack-runtime" in lab.ssh(head.address, "podman images --format '{{.Repository}}'").stdout
+    for start in (leftovers.machine_shared_free, leftovers.machine_images_free):
+        job = start(machine=head)
+        done = wait_for(lambda: Job.objects.filter(pk=job.pk, state__in=JOB_TERMINAL).first(), timeout=60, what=job.title)
+        assert done.state == JobState.SUCCEEDED, (done.error, done.log)
+    assert lab.ssh(head.address, "ls -A /shared").stdout.strip() == ""
+    assert "fadenstack-runtime" not in lab.ssh(head.address, "podman images --format '{{.Repository}}'").stdout
+    blobs = lab.ssh(head.address, "ls /var/lib/fadenstack/blobs 2>/dev/null || true").stdout.split()
+    assert not [name for name in blobs if len(name) == 64], blobs
 
 
 def test_a_cluster_whose_machines_are_all_offline_is_deleted_anyway_and_its_leftovers_are_replaced(lab, machines):

@@ -251,14 +251,54 @@ def test_under_mpirun_the_agents_node_list_comes_before_the_hostfile(tmp_path):
     assert parse_all_reduce(out0).complete
 
 
-def test_under_mpirun_a_process_count_other_than_the_hostfiles_nodes_is_said_so(tmp_path):
+def test_one_process_per_gpu_runs_nodes_of_different_gpu_counts_as_one_ring_of_all_their_gpus(tmp_path):
+    """The console's way (-np <all GPUs> -g 1, a slot per GPU): 2 GPUs on one node, 1 on the other; each
+    node's first process carries its node's GPUs, the other leaves at once, and the table counts all 3."""
+    port = free_port("127.0.0.2")
+    flags = ["-b", "1M", "-e", "2M", "-f", "2", "-g", "1", "-n", "1", "-w", "0", "-c", "1"]
+    started = [subprocess.Popen(command(*flags), env=mpirun_env(rank, 3, tmp_path / "no-hostfile", port,
+                                                                FADEN_ALLREDUCE_NODES="127.0.0.2,127.0.0.3",
+                                                                FADEN_ALLREDUCE_SLOTS="2,1"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in range(3)]
+    try:
+        (rc0, out0, err0), (rc1, out1, err1), (rc2, out2, err2) = finish(started)
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+    assert (rc0, err0, rc1, out1, err1, rc2, out2, err2) == (0, "", 0, "", "", 0, "", "")
+    ranks = re.findall(r"^#  Rank +(\d+) Group  0 Pid +\d+ on +\S+ device +(\d) ", out0, re.M)
+    assert ranks == [("0", "0"), ("1", "1"), ("2", "0")]
+    run = parse_all_reduce(out0)
+    assert run.complete and [row.size_bytes for row in run.rows] == [MiB, 2 * MiB]
+    assert all((row.wrong_out_of_place, row.wrong_in_place) == (0, 0) for row in run.rows)
+
+
+def test_under_mpirun_the_hostfile_s_slots_are_processes_when_mpirun_started_one_per_slot(tmp_path):
     hostfile = tmp_path / "hostfile"
-    hostfile.write_text("127.0.0.2 slots=1\n127.0.0.3 slots=1\n")
+    hostfile.write_text("127.0.0.2 slots=1\n127.0.0.3 slots=2\n")
+    port = free_port("127.0.0.2")
+    started = [subprocess.Popen(command("-b", "1M", "-e", "1M", "-n", "1", "-w", "0"), env=mpirun_env(rank, 3, hostfile, port),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in range(3)]
+    try:
+        (rc0, out0, err0), *others = finish(started)
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+    assert (rc0, err0) == (0, "") and [rc for rc, _, _ in others] == [0, 0]
+    assert re.search(r"^#  Rank +2 Group  0 Pid +\d+ on +\S+ device +1 ", out0, re.M)
+
+
+def test_under_mpirun_a_process_count_that_fits_neither_nodes_nor_slots_is_said_so(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("127.0.0.2 slots=2\n127.0.0.3 slots=2\n")
     result = subprocess.run(command("-b", "1M", "-e", "1M"), env=mpirun_env(0, 3, hostfile, free_port("127.0.0.2")),
                             capture_output=True, text=True, timeout=30)
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == ("all_reduce_perf (node 0): error: mpirun started 3 processes, but the hostfile %s names 2 "
-                             "nodes: run one process per node (--map-by ppr:1:node, -np 2)\n" % hostfile)
+                             "nodes with 4 slots: run one process per slot (-np 4, -g 1) or one per node (--map-by "
+                             "ppr:1:node, -np 2)\n" % hostfile)
 
 
 def test_without_mpirun_a_node_list_and_a_rank_are_still_required():

@@ -266,9 +266,10 @@ def test_the_machine_panel_shows_remove_disabled_with_the_reason_on_a_running_cl
     panel = re.search(rf'<div class="machine-panel" id="machine-panel-{worker.pk}"[^>]*>.*?</ul>', html, re.S).group(0)
     assert " hidden" not in panel.split(">")[0]
     assert "disabled" in button(panel, "Remove from cluster")
-    assert "a machine leaves a running cluster by a drain, which comes with deployments." in panel
+    assert "a machine that joined leaves a running cluster by a drain, which is not available yet." in panel
     assert "disabled" in button(panel, "Drain")
-    assert actions.DRAIN_LATER in panel
+    assert "Draining a machine is not available yet: stop the cluster to free its machines" in panel
+    assert "comes with deployments" not in html  # the words of before deployments existed
     head_panel = re.search(rf'<div class="machine-panel" id="machine-panel-{head.pk}"[^>]*>.*?</ul>', html, re.S).group(0)
     assert "to take out the head, stop the cluster first." in head_panel
     assert " hidden" in head_panel.split(">")[0]
@@ -434,6 +435,15 @@ def test_the_wizard_s_machine_step_shows_the_picked_machines_and_one_page_of_the
     assert html.count('name="machines"') == 1 + 50  # the picked one, then the first page of the 60 others
     assert 'value="%d" aria-label="Pick lab-a"' % picked.pk in html
     assert "1–50 of 60" in html and "Page 1 of 2" in html
+
+
+def test_the_wizard_asks_which_machine_leads_the_cluster_in_the_product_s_words(admin_client, build):
+    first, second = gpu_machine("lab-a", 11), gpu_machine("lab-b", 12)
+
+    html = admin_client.get(f"/clusters/new/?step=machines&name=gpu-room&machines={first.pk},{second.pk}").content.decode()
+
+    assert "<th>Which machine leads the cluster</th>" in html
+    assert html.count('name="head"') == 2
 
 
 def test_the_wizard_finds_machines_by_name_and_keeps_the_picked_ones(admin_client, build):

@@ -154,14 +154,18 @@ def test_a_cluster_with_a_machine_not_up_is_refused_with_the_connect_cards_sente
     assert not NcclTest.objects.exists()
 
 
-def test_nodes_with_different_numbers_of_gpus_are_refused_naming_each_count(operator):
+def test_nodes_with_different_numbers_of_gpus_run_with_each_node_s_own_count(operator, monkeypatch, settings):
+    settings.FADEN_NCCL_TEST_MAX_BYTES = 128 * nccl.MiB
     mixed = cluster_of([gpu_machine("gpu-a", 11), gpu_machine("gpu-b", 12), gpu_machine("gpu-c", 13, accelerators=4)])
-    with pytest.raises(ValidationError) as refused:
-        nccl_tests.nccl_test_start(cluster=mixed, user=operator)
-    assert refused.value.messages == ["The NCCL test runs as many GPUs on every node (nccl-tests' -g is one number for all "
-                                      "of them): gpu-a and gpu-b have 8 GPUs, gpu-c 4."]
-    assert nccl_tests.nccl_test_offer(mixed, roles.OPERATOR).why == refused.value.messages[0]
-    assert not NcclTest.objects.exists()
+    assert nccl_tests.nccl_test_offer(mixed, roles.OPERATOR).ok
+    fakes, _ = replaying(monkeypatch, program_lines("cscs-gh200-2.18.2.txt"))
+
+    test = run_test(mixed, operator)
+
+    [(_, call)] = allreduce_calls(fakes)
+    assert [node["gpus"] for node in call["spec"]["nodes"]] == [8, 8, 4]  # the agent runs a process per GPU
+    assert (test.nodes, test.gpus, test.state) == (3, 20, NcclTestState.FINISHED)
+    assert test.message.startswith("Peak 22.88 GB/s at 128 MiB")
 
 
 def test_serving_copies_ask_for_confirmation_and_a_confirmed_start_runs(room, operator):

@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from clusters import images
+from clusters import image_contents, images
 from clusters.models import Cluster, ClusterMember, RuntimeImage
 from lab import cli as lab_cli
 from lab import images as lab_images
@@ -399,7 +399,9 @@ def test_the_lab_writes_one_nvidia_image_per_arch_as_a_loadable_archive_with_its
         assert entry["RepoTags"] == [f"localhost/fadenstack-runtime:{lab_images.VERSION}-nvidia-{path.name.split('-')[1]}"]
         assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(gzip.decompress(layer)).hexdigest()]
         with tarfile.open(fileobj=io.BytesIO(gzip.decompress(layer))) as payload:
-            assert [(m.name, m.size) for m in payload.getmembers()] == [("payload.bin", MIB)]
+            sizes = {m.name: m.size for m in payload.getmembers()}
+        assert sizes == {"payload.bin": MIB, **{name: 0 for name in lab_images.SYNTHETIC_STAND_INS}}
+        assert image_contents.runtime_image_contents_problems(path=path) == []  # the console imports it
     manifests = [images.runtime_image_manifest_read(path=p) for p, _ in made]
     assert [(m["name"], m["arch"], m["certified"]) for m in manifests] == [
         ("NVIDIA x86_64 Runtime", "x86_64", True), ("NVIDIA aarch64 Runtime", "aarch64", True)]
@@ -433,3 +435,104 @@ def test_a_lab_image_imports_on_the_server(store, tmp_path):
     image = images.runtime_image_import(path=path)
 
     assert (image.name, image.platform, image.size_bytes) == ("NVIDIA x86_64 Runtime", "nvidia/x86_64", path.stat().st_size)
+
+
+# -- what a build must hold ---------------------------------------------------------------------------
+
+
+def layer_tar(members: list[tarfile.TarInfo | tuple[str, bytes]], compress=None) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for member in members:
+            if isinstance(member, tarfile.TarInfo):
+                archive.addfile(member)
+            else:
+                info = tarfile.TarInfo(member[0])
+                info.size = len(member[1])
+                archive.addfile(info, io.BytesIO(member[1]))
+    data = buffer.getvalue()
+    return compress(data) if compress else data
+
+
+def link(name: str, target: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.SYMTYPE, target
+    return info
+
+
+EVERYTHING = [link("bin", "usr/bin"), ("usr/bin/python3.11", b""), link("usr/bin/python3", "python3.11"),
+              ("usr/local/bin/ray", b""), ("opt/ray/ray/dashboard/__init__.py", b""), ("opt/ray/aiohttp/__init__.py", b""),
+              ("usr/bin/ssh", b""), ("usr/bin/orterun", b""), link("etc/alternatives/mpirun", "/usr/bin/orterun"),
+              link("usr/bin/mpirun", "/etc/alternatives/mpirun"), ("usr/local/bin/all_reduce_perf", b""),
+              ("usr/local/bin/vllm", b"")]
+
+
+def image_with_layers(path: Path, layers: list[bytes], *, labels: dict | None = None, env_path: str | None = None) -> Path:
+    names = [f"l{index}/layer.tar" for index in range(len(layers))]
+    config = {"architecture": "amd64", "os": "linux", "config": {"Labels": {**LABELS, **(labels or {})}}}
+    if env_path is not None:
+        config["config"]["Env"] = [f"PATH={env_path}"]
+    manifest = [{"Config": "c0ffee.json", "RepoTags": ["x:1"], "Layers": names}]
+    return make_tar(path, [("manifest.json", json.dumps(manifest).encode()), ("c0ffee.json", json.dumps(config).encode()),
+                           *zip(names, layers)])
+
+
+@pytest.mark.django_db
+def test_an_image_that_holds_every_program_and_package_is_imported_its_links_followed(store, tmp_path):
+    path = image_with_layers(tmp_path / "whole.img", [layer_tar(EVERYTHING[:6], gzip.compress), layer_tar(EVERYTHING[6:])])
+    assert images.runtime_image_import(path=path).name == "NVIDIA x86_64 Runtime"
+
+
+@pytest.mark.django_db
+def test_an_image_without_mpirun_and_vllm_is_refused_naming_each_and_the_feature_that_needs_it(store, tmp_path):
+    lacking = [m for m in EVERYTHING if (m.name if isinstance(m, tarfile.TarInfo) else m[0]) not in
+               ("usr/bin/mpirun", "usr/local/bin/vllm")]
+    path = image_with_layers(tmp_path / "lacking.img", [layer_tar(lacking)])
+    with pytest.raises(ValidationError) as refused:
+        images.runtime_image_import(path=path)
+    assert refused.value.messages == [
+        "lacking.img is not a runtime image every feature works with: it lacks mpirun on its PATH: the NCCL test needs "
+        "Open MPI's mpirun; it lacks vllm on its PATH: serving models needs vLLM. docs/runtime-images.md lists what a "
+        "build must hold."]
+    assert not RuntimeImage.objects.exists() and not any(store.iterdir())  # nothing stored
+
+
+def test_a_file_a_later_layer_takes_away_and_ray_without_its_dashboard_are_missing(store, tmp_path):
+    without_dashboard = [m for m in EVERYTHING if not (isinstance(m, tuple) and "dashboard" in m[0])]
+    whiteout = layer_tar([("usr/bin/.wh.ssh", b"")])
+    path = image_with_layers(tmp_path / "later.img", [layer_tar(without_dashboard), whiteout])
+    problems = image_contents.runtime_image_contents_problems(path=path)
+    assert problems == ["lacks ray/dashboard: the tunnel to Ray's dashboard and job API needs Ray's dashboard packages "
+                        "(ray[default])",
+                        "lacks ssh on its PATH: the NCCL test (mpirun reaches the other nodes over SSH) needs an SSH client"]
+
+
+def test_a_label_that_names_rays_path_is_where_ray_must_be(store, tmp_path):
+    path = image_with_layers(tmp_path / "labelled.img", [layer_tar(EVERYTHING)],
+                             labels={"org.fadenstack.runtime.ray": "/opt/ray/bin/ray"})
+    assert image_contents.runtime_image_contents_problems(path=path) == [
+        "lacks /opt/ray/bin/ray (its label org.fadenstack.runtime.ray): starting the cluster needs Ray"]
+
+
+def test_the_image_s_own_path_is_where_programs_are_looked_for(store, tmp_path):
+    path = image_with_layers(tmp_path / "narrow.img", [layer_tar(EVERYTHING)], env_path="/usr/local/bin")
+    problems = image_contents.runtime_image_contents_problems(path=path)
+    assert [p.split(":")[0] for p in problems] == ["lacks python3 on its PATH", "lacks ssh on its PATH",
+                                                   "lacks mpirun on its PATH"]
+
+
+def test_a_layer_that_is_not_a_tar_is_said_so(store, tmp_path):
+    path = image_with_layers(tmp_path / "odd.img", [b"not a tar at all" * 100])
+    [problem] = image_contents.runtime_image_contents_problems(path=path)
+    assert problem.startswith("its layer l0/layer.tar is not a tar archive this server can read")
+
+
+@pytest.mark.django_db
+def test_faden_runtime_images_import_refuses_a_build_without_all_reduce_perf_and_says_which_feature_needs_it(store, tmp_path):
+    lacking = [m for m in EVERYTHING if not (isinstance(m, tuple) and m[0] == "usr/local/bin/all_reduce_perf")]
+    path = image_with_layers(tmp_path / "no-nccl-tests.img", [layer_tar(lacking)])
+    with pytest.raises(CommandError) as refused:
+        call_command("runtime-images", "import", str(path))
+    assert refused.value.returncode == 2
+    assert "it lacks all_reduce_perf on its PATH: the NCCL test needs nccl-tests' all_reduce_perf." in str(refused.value)
+    assert not RuntimeImage.objects.exists()
