@@ -113,3 +113,25 @@ def serving_copies_register(name: str, count: Callable[[object], int]) -> None:
 def serving_copies(cluster) -> int:
     """Every copy that serves on the cluster, whatever app runs it."""
     return sum(count(cluster) for count in _serving_copies.values())
+
+
+
+# -- GPUs held, by index (issue 26: what a person's own jobs may use is the rest) ------------------------------
+# One registry of its own, apart from the ones above, so that it moves into the typed extension point as one piece.
+
+_gpus_held: dict[str, Callable[[object], dict[int, set[int]]]] = {}
+
+
+def gpus_held_register(name: str, held: Callable[[object], dict[int, set[int]]]) -> None:
+    """``held(cluster)``: the GPU indices held on each of the cluster's machines, by machine id (copies of models,
+    and those stopped copies take again when the cluster starts)."""
+    _gpus_held[name] = held
+
+
+def gpus_held(cluster) -> dict[int, set[int]]:
+    """Every GPU index held on each machine of the cluster, whatever app holds it, by machine id."""
+    held: dict[int, set[int]] = {}
+    for ask in _gpus_held.values():
+        for machine_id, indices in ask(cluster).items():
+            held.setdefault(machine_id, set()).update(indices)
+    return held

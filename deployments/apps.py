@@ -14,6 +14,7 @@ class DeploymentsConfig(AppConfig):
 
         hooks.delete_blocker_register("deployments", deployments_refusal)
         hooks.accelerators_held_register("copies", rooms.accelerators_held)
+        hooks.gpus_held_register("copies", rooms.gpus_held)
         hooks.serving_copies_register("copies", serving_copies)
         hooks.health_question_register(copy_health.QUESTION, copy_health.copies_ask)
         hooks.health_extension_register("copies", copy_health.copies_checked)
