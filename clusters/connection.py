@@ -320,7 +320,8 @@ def snippets(nodes, net: ClusterNet, *, jump: str = "", script: str = DEFAULT_SC
     if any(len(n.free_gpus) < n.gpus for n in ordered) and not any(":" in n.address for n in ordered):
         include = " --include " + shlex.quote("@".join(f"{n.address}:{n.free_gpus_text}" for n in ordered if n.free_gpus))
     # The cluster's Ray offers no GPUs (copies run on exactly the GPUs placement gives them), so a job asking
-    # Ray for one waits for ever: the job runs on the head and is told the head's free GPUs instead.
+    # Ray for one waits for ever: the job runs on the head and is told the head's free GPUs instead. python3,
+    # not python: the entrypoint runs in the runtime, whose images need not name Python without its version.
     runtime_env = json.dumps({"env_vars": {"CUDA_VISIBLE_DEVICES": head.free_gpus_text}})
     tunnel = ["ssh", "-N", "-L", f"{RAY_DASHBOARD_PORT}:127.0.0.1:{RAY_DASHBOARD_PORT}",
               "-L", f"{RAY_CLIENT_PORT}:127.0.0.1:{RAY_CLIENT_PORT}", *_ssh_options(head, jump),
@@ -334,6 +335,6 @@ def snippets(nodes, net: ClusterNet, *, jump: str = "", script: str = DEFAULT_SC
         deepspeed=(f"NCCL_SOCKET_IFNAME={shlex.quote(ifnames)} deepspeed --hostfile {HOSTFILE_PATH}{include}"
                    f" --master_addr {shlex.quote(net.head_address)} --master_port {net.master_port} {shlex.quote(script)}"),
         ray_job_submit=(f"ray job submit --address http://127.0.0.1:{RAY_DASHBOARD_PORT} --working-dir ."
-                        f" --runtime-env-json {shlex.quote(runtime_env)} -- python {shlex.quote(script)}"),
+                        f" --runtime-env-json {shlex.quote(runtime_env)} -- python3 {shlex.quote(script)}"),
         ray_tunnel=" ".join(tunnel),
     )

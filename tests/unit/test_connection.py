@@ -201,7 +201,7 @@ def test_deepspeed_reads_the_hostfile_and_gets_every_nodes_interface_since_it_ex
 def test_ray_commands_go_through_the_tunnel_to_the_heads_loopback():
     cut = snippets(two_nodes(), NET, jump="jump.example")
     assert cut.ray_job_submit == ("ray job submit --address http://127.0.0.1:8265 --working-dir . --runtime-env-json"
-                                  " '{\"env_vars\": {\"CUDA_VISIBLE_DEVICES\": \"0,1,2,3,4,5,6,7\"}}' -- python train.py")
+                                  " '{\"env_vars\": {\"CUDA_VISIBLE_DEVICES\": \"0,1,2,3,4,5,6,7\"}}' -- python3 train.py")
     assert cut.ray_tunnel == "ssh -N -L 8265:127.0.0.1:8265 -L 10001:127.0.0.1:10001 -J jump.example root@198.18.0.11"
     assert cut.ssh_commands == {"node-0": "ssh -J jump.example root@198.18.0.11", "node-1": "ssh -J jump.example root@198.18.0.12"}
 

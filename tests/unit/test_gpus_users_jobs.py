@@ -205,7 +205,7 @@ def test_the_launchers_use_the_free_gpus_and_ray_job_submit_tells_the_job_the_he
     assert deepspeed[deepspeed.index("--include") + 1] == "198.18.1.11:2,3,4,5,6,7@198.18.1.12:1,2"
     submit = shlex.split(cut.ray_job_submit)
     assert submit[submit.index("--runtime-env-json") + 1] == '{"env_vars": {"CUDA_VISIBLE_DEVICES": "2,3,4,5,6,7"}}'
-    assert submit[-3:] == ["--", "python", "train.py"]
+    assert submit[-3:] == ["--", "python3", "train.py"]
 
 
 def test_deepspeed_is_not_told_which_gpus_when_no_copy_holds_any():
