@@ -208,6 +208,12 @@ def test_the_launchers_use_the_free_gpus_and_ray_job_submit_tells_the_job_the_he
     assert submit[-3:] == ["--", "python3", "train.py"]
 
 
+def test_the_api_gives_each_nodes_free_gpus(held_room, api_client):
+    cluster, _, _ = held_room
+    nodes = api_client.get(f"/api/clusters/{cluster.pk}/").json()["connection"]["nodes"]
+    assert [(n["name"], n["gpus"], n["free_gpus"]) for n in nodes] == [("node-0", 8, [2, 3, 4, 5, 6, 7]), ("node-1", 4, [1, 2])]
+
+
 def test_deepspeed_is_not_told_which_gpus_when_no_copy_holds_any():
     nodes = [connection.Node(rank=0, machine="lab-a", address="198.18.1.11", interface="eth1", gpus=8)]
     cut = connection.snippets(nodes, connection.ClusterNet.of("room", "198.18.1.0/24", nodes))
