@@ -98,6 +98,14 @@ def test_the_machines_page_says_which_gpu_a_process_the_console_did_not_start_us
     assert "GPU 1: used by processes the console did not start, pids 7, 9." in text
 
 
+def test_the_machines_api_gives_each_gpus_foreign_processes(api_client):
+    machine = gpu_machine("lab-a", 11, accelerators=4)
+    Accelerator.objects.filter(machine=machine, index=3).update(foreign_pids=[4121], foreign_memory_mib=2048)
+    devices = api_client.get(f"/api/machines/{machine.pk}/").json()["accelerators"]["devices"]
+    assert [(d["index"], d["foreign_pids"], d["foreign_memory_mib"]) for d in devices] == [
+        (0, [], None), (1, [], None), (2, [], None), (3, [4121], 2048)]
+
+
 # -- placement ---------------------------------------------------------------------------------------------
 
 
