@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -33,9 +35,14 @@ def tunnel_argv(node: dict, *, jump: str, key: Key, certificate: Path, local_por
 def tunnel_instructions(cluster: str, node: dict, *, local_port: int, client_port: int) -> str:
     """What to open and what to run on this computer while the tunnel is up."""
     dashboard = f"http://127.0.0.1:{int(local_port)}"
+    # The cluster's Ray offers no GPUs (copies hold theirs outside it): a job is told the head's free ones, as
+    # the Connect card's command does.
+    free = ",".join(str(int(index)) for index in node.get("free_gpus") or [])
+    runtime_env = shlex.quote(json.dumps({"env_vars": {"CUDA_VISIBLE_DEVICES": free}})) if "free_gpus" in node else ""
     return (f"Tunnel to {cluster}'s head, {node.get('name')} ({node.get('machine')}): Ctrl-C closes it.\n"
             f"  Ray's dashboard:  {dashboard}\n"
-            f"  Submit a job:     ray job submit --address {dashboard} --working-dir . -- python train.py\n"
+            f"  Submit a job:     ray job submit --address {dashboard} --working-dir ."
+            f"{' --runtime-env-json ' + runtime_env if runtime_env else ''} -- python3 train.py\n"
             f"  Ray Client:       ray.init(\"ray://127.0.0.1:{int(client_port)}\")")
 
 

@@ -26,6 +26,8 @@ class ConnectionNodeSerializer(serializers.Serializer):
     address = serializers.CharField(help_text="Its address on the cluster network")
     interface = serializers.CharField(help_text="Its own name for its interface on the cluster network")
     gpus = serializers.IntegerField()
+    free_gpus = serializers.ListField(child=serializers.IntegerField(), help_text="The indices of its GPUs no copy of a model "
+                                      "holds now: what your own jobs may use (cluster.env's FADEN_FREE_GPUS)")
     vendor = serializers.CharField(allow_blank=True)
     ssh_user = serializers.CharField()
     ssh_address = serializers.CharField(help_text="Where ssh reaches it")

@@ -82,7 +82,8 @@ class ConnectionInfo:
         """One node as the API gives it: its place, where ssh reaches it, and its ssh_command."""
         return {
             "rank": node.rank, "name": node.name, "machine": node.machine, "machine_id": self.machine_ids[node.machine],
-            "address": node.address, "interface": node.interface, "gpus": node.gpus, "vendor": node.vendor,
+            "address": node.address, "interface": node.interface, "gpus": node.gpus, "free_gpus": list(node.free_gpus),
+            "vendor": node.vendor,
             "ssh_user": connection_texts.NODE_LOGIN_USER, "ssh_address": node.ssh_address, "ssh_port": node.ssh_port,
             "host_key_fingerprint": self.host_keys.get(node.machine, ""),
             "ssh_command": self.snippets.ssh_commands[node.name],

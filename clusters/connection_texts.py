@@ -11,12 +11,14 @@ address, an interface name without blanks or commas).
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import shlex
 from dataclasses import dataclass, field
 
 from django.db.models import Prefetch
 
+from clusters import hooks
 from clusters.choices import Role
 from clusters.models import ClusterMember
 from machines.models import Accelerator, NetworkInterface
@@ -53,7 +55,9 @@ def _ip(text: str, what: str) -> str:
 class Node:
     """One machine of the cluster as launchers see it. ``rank`` 0 is the head; the others follow by
     machine name. ``interface`` is this machine's own name for its interface on the cluster network
-    (``eth1`` here, ``ens5`` there), which is why NCCL's and Gloo's settings are per node."""
+    (``eth1`` here, ``ens5`` there), which is why NCCL's and Gloo's settings are per node.
+    ``free_gpus``: the indices of its GPUs no copy of a model holds, which a person's own jobs may use
+    (every one of its ``gpus`` when not given)."""
 
     rank: int
     machine: str  # the machine's name in the console: lab-a
@@ -63,6 +67,7 @@ class Node:
     vendor: str = ""  # nvidia, amd; empty without accelerators
     ssh_address: str = ""  # where people reach it over SSH (the console's address for it); the cluster address if empty
     ssh_port: int = 22
+    free_gpus: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", _ip(self.address, f"{self.machine}'s cluster address"))
@@ -70,6 +75,10 @@ class Node:
             raise NotConnectable(f"{self.machine}'s interface on the cluster network has a name Linux would not give: {self.interface!r}.")
         if self.rank < 0 or self.gpus < 0:
             raise NotConnectable(f"{self.machine}: rank and GPUs cannot be negative.")
+        free = tuple(range(self.gpus)) if self.free_gpus is None else tuple(sorted(set(self.free_gpus)))
+        if len(free) > self.gpus or any(type(i) is not int or i < 0 for i in free):
+            raise NotConnectable(f"{self.machine}: its free GPUs {list(free)} are not among its {self.gpus}.")
+        object.__setattr__(self, "free_gpus", free)
         if not 0 < self.ssh_port < 65536:
             raise NotConnectable(f"{self.machine}: {self.ssh_port} is not a TCP port.")
         if not self.ssh_address:
@@ -81,6 +90,11 @@ class Node:
     def name(self) -> str:
         """The name the nodes use for each other (``ssh node-1``), from ``/etc/hosts``."""
         return f"node-{self.rank}"
+
+    @property
+    def free_gpus_text(self) -> str:
+        """``0,1,2,3``: the free GPUs as ``CUDA_VISIBLE_DEVICES`` takes them; empty when copies hold them all."""
+        return ",".join(str(i) for i in self.free_gpus)
 
 
 @dataclass(frozen=True)
@@ -119,7 +133,8 @@ def _ordered(nodes) -> list[Node]:
 def nodes_of(cluster) -> list[Node]:
     """The cluster's members as ``Node``s: the head is node 0, then the workers by machine name.
     Each node's interface is the one holding its cluster address (else the first one on the cluster
-    network): machines name their interfaces differently, so it is looked up per machine."""
+    network): machines name their interfaces differently, so it is looked up per machine. Its free GPUs
+    are those no copy holds now (``hooks.gpus_held``: deployments answers)."""
     members = list(
         ClusterMember.objects.filter(cluster=cluster).select_related("machine").prefetch_related(
             Prefetch("machine__interfaces", queryset=NetworkInterface.objects.order_by("name")),
@@ -131,6 +146,7 @@ def nodes_of(cluster) -> list[Node]:
         raise NotConnectable(f"{cluster.name} has {len(heads)} heads; its nodes are numbered from the one head.")
     workers = sorted((m for m in members if m.role != Role.HEAD), key=lambda m: m.machine.name)
     network = _network(cluster.network)
+    held = hooks.gpus_held(cluster)
     nodes = []
     for rank, member in enumerate([heads[0], *workers]):
         machine = member.machine
@@ -142,6 +158,7 @@ def nodes_of(cluster) -> list[Node]:
             interface=_interface_for(machine.name, member.address, network, machine.interfaces.all()),
             gpus=len(accelerators), vendor=accelerators[0].vendor if accelerators else "",
             ssh_address=machine.address, ssh_port=machine.ssh_port,
+            free_gpus=tuple(a.index for a in accelerators if a.index not in held.get(machine.pk, ())),
         ))
     return nodes
 
@@ -177,14 +194,15 @@ def _interface_for(machine: str, address: str, network, interfaces) -> str:
 
 
 def hostfile(nodes) -> str:
-    """``/etc/fadenstack/hostfile``: ``<address> slots=<gpus>`` per node, head first.
+    """``/etc/fadenstack/hostfile``: ``<address> slots=<free GPUs>`` per node, head first: the GPUs no
+    copy of a model holds, which a person's own jobs may use.
 
     The one form both read: Open MPI's hostfile takes ``host slots=N``, DeepSpeed's runner matches
     ``^(\\S+)\\s+slots=(\\d+)`` and refuses a host twice or any other line (comments aside). Addresses,
     not names, so the file works before ``/etc/hosts`` is written and from any shell. A node without
-    GPUs has no slot to give and is left out (DeepSpeed and mpirun would start nothing there anyway).
+    free GPUs has no slot to give and is left out (DeepSpeed and mpirun would start nothing there anyway).
     """
-    return "".join(f"{n.address} slots={n.gpus}\n" for n in _ordered(nodes) if n.gpus > 0)
+    return "".join(f"{n.address} slots={len(n.free_gpus)}\n" for n in _ordered(nodes) if n.free_gpus)
 
 
 def nccl_socket_ifname(interfaces: list[str]) -> str:
@@ -205,11 +223,14 @@ def cluster_env(nodes, node: Node, *, master_port: int = MASTER_PORT) -> str:
         "MASTER_PORT": str(master_port),
         "NODE_RANK": str(node.rank),
         "WORLD_NODES": str(len(ordered)),
-        "GPUS_PER_NODE": str(node.gpus),
+        # What a launcher starts a process for: the GPUs no copy holds, and which ones they are.
+        "GPUS_PER_NODE": str(len(node.free_gpus)),
+        "FADEN_FREE_GPUS": node.free_gpus_text,
         "NCCL_SOCKET_IFNAME": nccl_socket_ifname([node.interface]),
         "GLOO_SOCKET_IFNAME": node.interface,  # Gloo takes the device's name itself
     }
-    lines = ["# This node's place in its Fadenstack cluster. The console rewrites this file when machines join or leave."]
+    lines = ["# This node's place in its Fadenstack cluster. The console rewrites this file when machines join or leave.",
+             "# FADEN_FREE_GPUS: the GPUs no copy of a model held when it was written; the Connect card lists them live."]
     lines += [f"{key}={shlex.quote(value)}" for key, value in values.items()]
     return "\n".join(lines) + "\n"
 
@@ -272,7 +293,7 @@ def torchrun_node(net: ClusterNet, *, script: str = DEFAULT_SCRIPT) -> str:
     """The command each node runs: its settings first, then torchrun with the c10d rendezvous at the
     head, which gives every node its rank (no ``--node-rank``: the same text on every node)."""
     return (
-        f"{_load_env()}; torchrun --nnodes=$WORLD_NODES --nproc-per-node=$GPUS_PER_NODE"
+        f"{_load_env()}; CUDA_VISIBLE_DEVICES=$FADEN_FREE_GPUS torchrun --nnodes=$WORLD_NODES --nproc-per-node=$GPUS_PER_NODE"
         f" --rdzv-id={shlex.quote(net.name)} --rdzv-backend=c10d --rdzv-endpoint={_endpoint(net)}"
         f" {shlex.quote(script)}"
     )
@@ -288,12 +309,21 @@ def snippets(nodes, net: ClusterNet, *, jump: str = "", script: str = DEFAULT_SC
     head = ordered[0]
     per_node = torchrun_node(net, script=script)
     names = " ".join(n.name for n in ordered)
-    # mpirun starts one process per slot: each loads its own node's settings before the script.
-    rank_body = f"{_load_env()}; exec python {shlex.quote(script)}"
-    total_gpus = sum(n.gpus for n in ordered)
+    # mpirun starts one process per slot: each loads its own node's settings before the script, and sees
+    # the node's free GPUs only (its local rank picks one of them).
+    rank_body = f"{_load_env()}; CUDA_VISIBLE_DEVICES=$FADEN_FREE_GPUS exec python {shlex.quote(script)}"
+    total_gpus = sum(len(n.free_gpus) for n in ordered)
     # DeepSpeed's runner exports the head's NCCL_* variables to every node, so the head's own
     # interface would be forced everywhere: give it every node's name instead (matched exactly).
     ifnames = nccl_socket_ifname([n.interface for n in ordered])
+    # DeepSpeed gives each node GPUs 0..slots-1 unless told which: where copies hold some, name the free ones.
+    include = ""
+    if any(len(n.free_gpus) < n.gpus for n in ordered) and not any(":" in n.address for n in ordered):
+        include = " --include " + shlex.quote("@".join(f"{n.address}:{n.free_gpus_text}" for n in ordered if n.free_gpus))
+    # The cluster's Ray offers no GPUs (copies run on exactly the GPUs placement gives them), so a job asking
+    # Ray for one waits for ever: the job runs on the head and is told the head's free GPUs instead. python3,
+    # not python: the entrypoint runs in the runtime, whose images need not name Python without its version.
+    runtime_env = json.dumps({"env_vars": {"CUDA_VISIBLE_DEVICES": head.free_gpus_text}})
     tunnel = ["ssh", "-N", "-L", f"{RAY_DASHBOARD_PORT}:127.0.0.1:{RAY_DASHBOARD_PORT}",
               "-L", f"{RAY_CLIENT_PORT}:127.0.0.1:{RAY_CLIENT_PORT}", *_ssh_options(head, jump),
               shlex.quote(f"{NODE_LOGIN_USER}@{head.ssh_address}")]
@@ -303,9 +333,9 @@ def snippets(nodes, net: ClusterNet, *, jump: str = "", script: str = DEFAULT_SC
         torchrun_node=per_node,
         mpirun=(f"mpirun --allow-run-as-root --hostfile {HOSTFILE_PATH} -np {total_gpus}"
                 f" --mca btl_tcp_if_include {shlex.quote(net.network)} bash -c {shlex.quote(rank_body)}"),
-        deepspeed=(f"NCCL_SOCKET_IFNAME={shlex.quote(ifnames)} deepspeed --hostfile {HOSTFILE_PATH}"
+        deepspeed=(f"NCCL_SOCKET_IFNAME={shlex.quote(ifnames)} deepspeed --hostfile {HOSTFILE_PATH}{include}"
                    f" --master_addr {shlex.quote(net.head_address)} --master_port {net.master_port} {shlex.quote(script)}"),
         ray_job_submit=(f"ray job submit --address http://127.0.0.1:{RAY_DASHBOARD_PORT} --working-dir ."
-                        f" -- python {shlex.quote(script)}"),
+                        f" --runtime-env-json {shlex.quote(runtime_env)} -- python3 {shlex.quote(script)}"),
         ray_tunnel=" ".join(tunnel),
     )

@@ -46,6 +46,9 @@ class ClusterExtension(Protocol):
     def accelerators_held(self, cluster, machine_ids: list[int]) -> Fraction:
         """The accelerators held on those machines of the cluster (a share of a GPU counts as its share)."""
 
+    def gpus_held(self, cluster) -> dict[int, set[int]]:
+        """The GPU indices held on each of the cluster's machines, by machine id (a person's own jobs get the rest)."""
+
     def serving_copies(self, cluster) -> int:
         """How many copies of models serve on the cluster's GPUs now (the NCCL test, which takes every GPU,
         asks for confirmation first)."""
@@ -99,3 +102,13 @@ def after_check(cluster, answers: dict[int, dict]) -> None:
 
 def extension_cards() -> list[PageCard]:
     return [card for extension in _extensions.values() for card in extension.page_cards()]
+
+
+def gpus_held(cluster) -> dict[int, set[int]]:
+    """Every GPU index held on each machine of the cluster, whatever app holds it, by machine id: what a
+    person's own jobs may use is the rest."""
+    held: dict[int, set[int]] = {}
+    for extension in _extensions.values():
+        for machine_id, indices in extension.gpus_held(cluster).items():
+            held.setdefault(machine_id, set()).update(indices)
+    return held

@@ -153,11 +153,14 @@ CONNECT_BLOCKS = (
     ("torchrun", "torchrun", "From the head: starts the same command on every node over the cluster's own SSH; each "
                              "node loads its settings first, and the rendezvous gives every node its rank."),
     ("torchrun_node", "torchrun on one node", "Or run this on each node yourself, in any order."),
-    ("mpirun", "mpirun", "From the head: one process per GPU across the hostfile, each with its own node's settings."),
+    ("mpirun", "mpirun", "From the head: one process per free GPU across the hostfile, each with its own node's settings."),
     ("deepspeed", "DeepSpeed", "From the head, with the same hostfile; DeepSpeed reaches every node over SSH (pdsh)."),
     ("ray_tunnel", "Ray tunnel", "On your computer: Ray's dashboard and job API (8265) and Ray Client (10001) on the "
                                  "head's loopback, forwarded over SSH."),
-    ("ray_job_submit", "ray job submit", "On your computer, while the tunnel is open."),
+    ("ray_job_submit", "ray job submit", "On your computer, while the tunnel is open. The cluster's Ray offers no GPUs "
+                                         "(copies of models run on exactly the GPUs the console gives them), so a job that "
+                                         "asks Ray for one waits for ever: this one runs on the head and finds the head's "
+                                         "free GPUs in CUDA_VISIBLE_DEVICES."),
 )
 
 

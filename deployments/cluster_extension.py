@@ -30,6 +30,9 @@ class DeploymentsExtension:
     def accelerators_held(self, cluster, machine_ids: list[int]) -> Fraction:
         return placement_input.accelerators_held(cluster, machine_ids)
 
+    def gpus_held(self, cluster) -> dict[int, set[int]]:
+        return placement_input.gpus_held(cluster)
+
     def serving_copies(self, cluster) -> int:
         """The copies serving on the cluster now: the NCCL test, which takes every GPU, asks before it slows them."""
         return Copy.objects.filter(deployment__cluster=cluster, state=CopyState.SERVING).count()

@@ -56,11 +56,12 @@ def cluster_rooms(cluster: Cluster, *, leaving_out=(), adding=()) -> list[placem
             if slot.get("port"):
                 ports[machine_id].add(slot["port"])
     gpus: dict[int, list[placement.Gpu]] = defaultdict(list)
-    for machine_id, index, vendor, model, memory_mib in (Accelerator.objects.filter(machine_id__in=machine_ids)
-                                                         .order_by("machine_id", "index")
-                                                         .values_list("machine_id", "index", "vendor", "model", "memory_mib")):
-        gpus[machine_id].append(placement.Gpu(index=index, kind=gpu_kind(vendor, model, memory_mib),
-                                              share_taken=taken_share[(machine_id, index)],
+    for machine_id, index, vendor, model, memory_mib, foreign in (
+            Accelerator.objects.filter(machine_id__in=machine_ids).order_by("machine_id", "index")
+            .values_list("machine_id", "index", "vendor", "model", "memory_mib", "foreign_pids")):
+        # A GPU a process the console did not start uses (a person's job) is taken whole: no copy goes there.
+        share = max(taken_share[(machine_id, index)], Fraction(1)) if foreign else taken_share[(machine_id, index)]
+        gpus[machine_id].append(placement.Gpu(index=index, kind=gpu_kind(vendor, model, memory_mib), share_taken=share,
                                               memory_taken_bytes=taken_memory[(machine_id, index)]))
     return [placement.MachineRoom(id=m.machine_id, name=m.machine.name, arch=m.machine.arch, up=m.state in UP,
                                   accepts_new=True, gpus=tuple(gpus[m.machine_id]), ports_taken=frozenset(ports[m.machine_id]),
@@ -77,3 +78,14 @@ def accelerators_held(cluster: Cluster, machine_ids: list[int]) -> Fraction:
             if slot["machine"] in wanted:
                 held += len(slot["gpus"]) * Fraction(slot.get("quarters", 4), 4)
     return held
+
+
+def gpus_held(cluster: Cluster) -> dict[int, set[int]]:
+    """The GPU indices copies hold on each machine of the cluster (a share holds its GPU), and those stopped
+    copies take again when the cluster starts: what a person's own jobs leave alone (``hooks.gpus_held``)."""
+    held: dict[int, set[int]] = defaultdict(set)
+    back = Q(state=CopyState.STOPPED, machine__isnull=False)
+    for slots in Copy.objects.filter(HOLDS | back, deployment__cluster=cluster).values_list("slots", flat=True):
+        for slot in slots:
+            held[slot["machine"]].update(slot["gpus"])
+    return dict(held)

@@ -25,7 +25,9 @@ from machines.validators import (
 class AcceleratorSerializer(serializers.ModelSerializer):
     class Meta:
         model = Accelerator
-        fields = ["index", "vendor", "model", "memory_mib", "uuid"]
+        fields = ["index", "vendor", "model", "memory_mib", "uuid", "foreign_pids", "foreign_memory_mib"]
+        extra_kwargs = {"foreign_pids": {"help_text": "Processes the console did not start that use this GPU (a person's "
+                                                      "job): no copy of a model is placed on it while there are any"}}
 
 
 class AcceleratorsSerializer(serializers.Serializer):

@@ -1,5 +1,6 @@
 """The runtime section of a heartbeat (agent 0.3, ``runtimebeat`` in the agent): read strictly, and
-what it says is wrong, in words. Pure: no models, no I/O.
+what it says is wrong, in words; and the GPUs' processes of a heartbeat or of facts (agent 0.9,
+``gpuprocs``), down to those the console did not start. Pure: no models, no I/O.
 
 ``{"container": "running"|"exited"|"absent"|null, "ray": {"role": "head"|"worker"|null,
 "alive": bool|null, "raylet": bool, "head_port_open": bool|null}}`` (docs/agent-protocol.md).
@@ -48,3 +49,26 @@ def runtime_failure(report: dict | None) -> str:
             return "Ray's head port does not answer"
         return "Ray is not alive"
     return ""
+
+
+MAX_GPU_PROCESSES = 64  # what the agent sends at most
+
+
+def foreign_gpu_use(processes) -> dict[str, tuple[list[int], int | None]] | None:
+    """The processes the console did not start, by GPU uuid: (their pids, sorted; the memory they hold in
+    MiB, None when the tool said none). None when the list is absent (no nvidia-smi, an older agent, a beat
+    that did not read it): the console then keeps what it has. Entries that are not a process are skipped."""
+    if not isinstance(processes, list):
+        return None
+    pids: dict[str, set[int]] = {}
+    memory: dict[str, int] = {}
+    for entry in processes[:MAX_GPU_PROCESSES]:
+        if not isinstance(entry, dict) or entry.get("console") is not False:
+            continue  # the copies' own, or not known to be a person's
+        uuid, pid, mib = entry.get("gpu_uuid"), entry.get("pid"), entry.get("used_memory_mib")
+        if not isinstance(uuid, str) or not uuid or len(uuid) > 128 or type(pid) is not int or pid <= 0:
+            continue
+        pids.setdefault(uuid, set()).add(pid)
+        if type(mib) is int and mib > 0:
+            memory[uuid] = memory.get(uuid, 0) + mib
+    return {uuid: (sorted(found), memory.get(uuid)) for uuid, found in pids.items()}

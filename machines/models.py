@@ -146,6 +146,10 @@ class Accelerator(models.Model):
     memory_mib = models.PositiveBigIntegerField(null=True, blank=True)
     uuid = models.CharField(max_length=128, blank=True)
     pci_bus_id = models.CharField(max_length=64, blank=True)
+    # Processes the console did not start that use this GPU (a person's job), as the agent's last facts or
+    # heartbeat read the vendor tool's compute processes (agent 0.9): placement counts such a GPU as taken.
+    foreign_pids = models.JSONField(default=list, blank=True)
+    foreign_memory_mib = models.PositiveBigIntegerField(null=True, blank=True)  # what they hold, where the tool says
 
     class Meta:
         ordering = ["machine", "index"]
@@ -153,6 +157,17 @@ class Accelerator(models.Model):
 
     def __str__(self) -> str:
         return f"{self.machine.name} #{self.index} {self.model}"
+
+    @property
+    def foreign_use(self) -> str:
+        """``GPU 3: used by a process the console did not start, pid 4121``; empty when none is."""
+        if not self.foreign_pids:
+            return ""
+        pids = ", ".join(str(pid) for pid in self.foreign_pids)
+        many = len(self.foreign_pids) > 1
+        memory = f" ({self.foreign_memory_mib} MiB)" if self.foreign_memory_mib else ""
+        return (f"GPU {self.index}: used by {'processes' if many else 'a process'} the console did not start, "
+                f"{'pids' if many else 'pid'} {pids}{memory}")
 
 
 class NetworkInterface(models.Model):

@@ -322,11 +322,30 @@ def machine_facts_apply(*, machine: Machine, facts: dict) -> None:
         )
         for i, a in enumerate(facts.get("accelerators") or [])
     )
+    accelerators_foreign_apply(machine=machine, use=beats.foreign_gpu_use(facts.get("gpu_processes")))
     machine.interfaces.all().delete()
     NetworkInterface.objects.bulk_create(
         _interface_row(machine, iface) for iface in facts.get("interfaces") or [] if iface.get("name")
     )
     machines_summary_changed()  # the accelerators' count
+
+
+def accelerators_foreign_apply(*, machine: Machine, use: dict | None) -> bool:
+    """Write on the machine's GPUs which processes the console did not start use them (``beats.foreign_gpu_use``:
+    pids and memory by GPU uuid; None leaves them as they are). Only the rows that change are written; whether
+    any did, in which case the machine's page is pushed."""
+    if use is None:
+        return False
+    changed = []
+    for row in machine.accelerators.only("pk", "uuid", "foreign_pids", "foreign_memory_mib"):
+        pids, memory = use.get(row.uuid, ([], None)) if row.uuid else ([], None)
+        if (row.foreign_pids, row.foreign_memory_mib) != (pids, memory):
+            row.foreign_pids, row.foreign_memory_mib = pids, memory
+            changed.append(row)
+    if changed:
+        Accelerator.objects.bulk_update(changed, ["foreign_pids", "foreign_memory_mib"])
+        machine_changed(machine)
+    return bool(changed)
 
 
 def _runtime_settle(machine: Machine, *, configured: runtimes.Runtime | None) -> None:
@@ -397,8 +416,8 @@ def machine_by_heartbeat_token(token: str) -> Machine | None:
 def machine_heartbeat(*, machine: Machine, payload: dict) -> Machine | None:
     """A heartbeat from a machine's agent (``machine_by_heartbeat_token`` found it): it is alive. An
     Offline machine comes back Healthy. What it says of its runtime is kept, and told to the apps
-    above (``machine_runtime_reported``) when it changed or reports a failure. None when the machine
-    was deleted meanwhile."""
+    above (``machine_runtime_reported``) when it changed or reports a failure; the processes the console did
+    not start on its GPUs go on its accelerators. None when the machine was deleted meanwhile."""
     now = timezone.now()
     with transaction.atomic():
         machine = Machine.objects.select_for_update(no_key=True).filter(pk=machine.pk).first()
@@ -416,6 +435,8 @@ def machine_heartbeat(*, machine: Machine, payload: dict) -> Machine | None:
         if runtime_changed:
             fields += _runtime_beat_record(machine, report, now)
         machine.save(update_fields=fields)
+        # A person's job on a GPU reaches placement within a beat of the agent's read (every 10 s at most).
+        accelerators_foreign_apply(machine=machine, use=beats.foreign_gpu_use(payload.get("gpu_processes")))
         if machine.state in (MachineState.OFFLINE,):
             away = f" after {timesince(was_seen, now)} without a heartbeat" if was_seen else ""
             machine_transition(machine=machine, to=MachineState.HEALTHY)

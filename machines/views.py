@@ -162,12 +162,14 @@ def machine_cards(machine: Machine, *, role: roles.Role | None) -> dict:
     """Everything a machine's page shows, for ``role``; the page, htmx and the websocket render from this."""
     jobs = list(Job.objects.filter(target_type="machine", target_id=machine.pk)[:5])
     busy = bool(jobs) and jobs[0].is_active
+    accelerators = list(machine.accelerators.all())
     return {
         "machine": machine,
         "role": role,
         "actions": actions.machine_actions(machine, busy=busy, role=role),
         "runtime_options": runtime_options(machine),
-        "accelerators": list(machine.accelerators.all()),
+        "accelerators": accelerators,
+        "foreign_gpus": [a for a in accelerators if a.foreign_pids],  # a person's job on them: each said in a line
         "interfaces": list(machine.interfaces.all()),
         "job": jobs[0] if jobs else None,
         "jobs": jobs,

@@ -1,12 +1,15 @@
 """``heartbeat run``: the foreground loop the heartbeat daemon execs.
 
 Every ``interval`` s (first beat at once) it POSTs
-``{"agent_version", "hostname", "uptime_s", "boot_id", "runtime"}`` as JSON to
+``{"agent_version", "hostname", "uptime_s", "boot_id", "runtime",
+"gpu_processes"}`` as JSON to
 the url with ``Authorization: Bearer <token>``; failures are logged (one line,
 the token never written) and the loop keeps going.  ``runtime`` (agent 0.3) is
 the runtime container's state and whether this machine's Ray node is alive,
 found cheaply (``runtimebeat``: processes and one TCP connect, never a Ray
-client), so that the console sees a dead Ray within a beat.  heartbeat.json is re-read
+client), so that the console sees a dead Ray within a beat; ``gpu_processes``
+(agent 0.9, ``gpuprocs``) the processes on the GPUs, read every 10 s at most and
+sent on the beats that read them.  heartbeat.json is re-read
 when it changes; the loop ends on SIGTERM / SIGINT or when the file goes.
 """
 
@@ -21,6 +24,8 @@ import urllib.request
 
 from . import get_version
 from .cli import command
+from .facts import run_tool
+from .gpuprocs import GpuWatch
 from .heartbeat import heartbeat_daemon, load_config
 from .protocol import NOT_RETRYABLE, AgentError
 from .runtimebeat import RuntimeWatch
@@ -38,8 +43,9 @@ def _read_first(path: str) -> str:
         return ""
 
 
-def beat_payload(watch=None) -> dict:
-    """One beat's body; with a ``RuntimeWatch``, its ``runtime`` section too."""
+def beat_payload(watch=None, gpus=None) -> dict:
+    """One beat's body; with a ``RuntimeWatch``, its ``runtime`` section too, and with a ``GpuWatch``
+    that read the GPUs' processes on this beat, ``gpu_processes``."""
     uptime = _read_first("/proc/uptime").split()
     payload = {
         "agent_version": get_version(),
@@ -49,6 +55,9 @@ def beat_payload(watch=None) -> dict:
     }
     if watch is not None:
         payload["runtime"] = watch.report()
+    processes = gpus.report() if gpus is not None else None
+    if processes is not None:
+        payload["gpu_processes"] = processes
     return payload
 
 
@@ -110,6 +119,8 @@ class Runner:
         self.last_log_at = 0.0
         self.watch = RuntimeWatch()
         self.watch_error = None
+        self.gpus = GpuWatch(run_tool)
+        self.gpus_error = None
 
     def log(self, message: str) -> None:
         token = (self.config or {}).get("token")
@@ -202,11 +213,15 @@ class Runner:
         return True
 
     def beat_once(self) -> None:
-        payload = beat_payload(self.watch)
+        payload = beat_payload(self.watch, self.gpus)
         if self.watch.error != self.watch_error:
             if self.watch.error:
                 self.log("the heartbeat cannot tell the runtime's state: %s" % self.watch.error)
             self.watch_error = self.watch.error
+        if self.gpus.error != self.gpus_error:
+            if self.gpus.error:
+                self.log("the heartbeat cannot tell which processes use the GPUs: %s" % self.gpus.error)
+            self.gpus_error = self.gpus.error
         try:
             send_beat(self.opener, self.config, payload)
         except BeatFailed as exc:

@@ -11,7 +11,7 @@ import os
 import socket
 import subprocess
 
-from . import get_version, parsers
+from . import get_version, gpuprocs, parsers
 from .cli import arg, command
 from .files import load_machine_config, store_dir
 
@@ -96,6 +96,7 @@ class Collector:
             "os": parsers.parse_os_release(_read("/etc/os-release") or ""),
             "store": self.store(),
             "accelerators": self.accelerators(),
+            "gpu_processes": self.gpu_processes(),
             "interfaces": self.interfaces(),
             "container_runtimes": self.container_runtimes(),
         }
@@ -150,6 +151,13 @@ class Collector:
             except parsers.ToolOutputError as exc:
                 self.warn(argv[0], str(exc))
         return found
+
+    def gpu_processes(self):
+        """The processes on this machine's NVIDIA GPUs (``gpuprocs``), or None without nvidia-smi."""
+        processes, warning = gpuprocs.read(self.run, store_dir(self.store_override, self.config))
+        if warning:
+            self.warn("nvidia-smi", warning)
+        return processes
 
     def interfaces(self) -> list:
         run = self.run(["ip", "-d", "-j", "addr", "show"])
@@ -238,7 +246,8 @@ def cmd_facts(args, out) -> int:
 
     Result: ``{"facts": {"agent_version", "hostname", "arch", "cpu_count",
     "memory_mib", "kernel", "os", "store": {"path", "free_bytes",
-    "total_bytes"}, "accelerators": [...], "interfaces": [...],
+    "total_bytes"}, "accelerators": [...], "gpu_processes": [...] | null,
+    "interfaces": [...],
     "container_runtime": {"name", "version"} | null, "container_runtimes":
     [{"name": "docker"|"podman", "version", "answers": bool}], "warnings":
     [...]}}``.
@@ -248,5 +257,8 @@ def cmd_facts(args, out) -> int:
     else Docker if its daemon answers, else Podman.  ``container_runtimes``
     lists every engine found, whichever is used: an installed Docker whose
     daemon does not answer is listed with ``answers: false`` (and a warning).
+    ``gpu_processes`` (agent 0.9): ``[{"gpu_uuid", "pid", "used_memory_mib",
+    "console"}]``, the processes using a GPU and whether they are the copies'
+    the agent started (``gpuprocs``); null without nvidia-smi.
     """
     return out.result(facts=collect_facts(store=args.store))

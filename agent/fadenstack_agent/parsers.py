@@ -71,6 +71,32 @@ def parse_nvidia_smi_csv(text: str) -> list:
     return sorted(gpus, key=lambda g: g["index"])
 
 
+_NVIDIA_NO_PROCESSES = "no running processes found"
+
+
+def parse_nvidia_compute_apps(text: str) -> list:
+    """Parse ``nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory
+    --format=csv,noheader,nounits``: one line per process and GPU (a process
+    on two GPUs is two lines), ``[{"gpu_uuid", "pid", "used_memory_mib"}]``.
+
+    No line, or "No running processes found", means no process holds a GPU.
+    ``used_memory_mib`` is None where the driver does not say ("[N/A]", as
+    it prints without the permission to look inside another's process).
+    """
+    lines = [ln for ln in (text or "").splitlines() if ln.strip()]
+    if not lines or (len(lines) == 1 and lines[0].strip().lower() == _NVIDIA_NO_PROCESSES):
+        return []
+    found = []
+    for row in csv.reader(lines, skipinitialspace=True):
+        if len(row) != 3:
+            raise ToolOutputError(_first_line(text))
+        uuid, pid, memory = (field.strip() for field in row)
+        if not pid.isdigit() or int(pid) <= 0 or not uuid or uuid.lower() in _NA:
+            raise ToolOutputError(_first_line(text))
+        found.append({"gpu_uuid": uuid, "pid": int(pid), "used_memory_mib": _int_or_none(memory)})
+    return found
+
+
 def _first_line(text: str) -> str:
     for line in (text or "").splitlines():
         if line.strip():

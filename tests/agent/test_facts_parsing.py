@@ -246,6 +246,8 @@ class FakeTools:
     def __call__(self, argv, timeout=facts.TIMEOUT):
         self.calls.append(list(argv))
         key = " ".join(argv[:1]) if argv[0] != "ip" else " ".join(argv)
+        if argv[0] == "nvidia-smi" and argv[1].startswith("--query-compute-apps"):
+            key = "nvidia-smi compute-apps"  # the GPUs' processes: a second question to the same tool
         if key not in self.answers:
             return None
         rc, out, err = self.answers[key]

@@ -75,7 +75,7 @@ def check_node_settings(cluster) -> list[connection_texts.Node]:
         assert env["MASTER_ADDR"] == nodes[0].address and env["MASTER_PORT"] == "29500"
         assert (env["NODE_RANK"], env["WORLD_NODES"]) == (str(node.rank), str(len(nodes)))
         assert env["NCCL_SOCKET_IFNAME"] == f"={node.interface}" and env["GLOO_SOCKET_IFNAME"] == node.interface
-        assert env["GPUS_PER_NODE"] == str(node.gpus)
+        assert env["GPUS_PER_NODE"] == str(len(node.free_gpus)) and env["FADEN_FREE_GPUS"] == node.free_gpus_text
     return nodes
 
 
@@ -183,8 +183,9 @@ def check_nccl_test_stops_on_a_slow_link(test: dict, names: tuple[str, str]) -> 
 
 def check_ray_job_through_the_tunnel(cluster, *, console_url: str, token: str, home: Path, port: int = 18265) -> str:
     """``faden clusters tunnel NAME`` forwards the head's Ray dashboard and job API (on its loopback only)
-    to this computer with a fresh certificate; ``ray job submit`` through it runs a job on the cluster and
-    its result comes back; Ctrl-C ends the tunnel and its certificate goes."""
+    to this computer with a fresh certificate; the Connect card's ``ray job submit`` through it runs a job on
+    the cluster, told the head's free GPUs, and its result comes back; Ctrl-C ends the tunnel and its
+    certificate goes."""
     known_host(home, Machine.objects.get(name=connection_texts.nodes_of(cluster)[0].machine))  # the person said yes to the head too
     env = {**os.environ, "HOME": str(home), "PATH": f"{home / 'bin'}:{os.environ['PATH']}", "FADEN_URL": console_url,
            "FADEN_TOKEN": token, "XDG_RUNTIME_DIR": str(home / "run")}
@@ -201,12 +202,20 @@ def check_ray_job_through_the_tunnel(cluster, *, console_url: str, token: str, h
                 raise AssertionError(f"the tunnel ended ({tunnel.returncode}): {tunnel.stdout.read()}")
             assert time.monotonic() < deadline, f"no answer through the tunnel: {probe.stderr}"
             time.sleep(0.5)
-        ray = Path(sys.executable).with_name("ray")
-        job = subprocess.run([str(ray), "job", "submit", "--address", f"http://127.0.0.1:{port}", "--",
-                              "python3", "-c", "import socket; print('answer', 6 * 7, 'from', socket.gethostname())"],
-                             env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}, capture_output=True, text=True, timeout=120)
+        # The Connect card's own command, through this tunnel's port: the cluster's Ray offers no GPUs, and the
+        # job (run on the head) finds the head's free GPUs in CUDA_VISIBLE_DEVICES.
+        nodes = connection.nodes_of(cluster)
+        card = connection.snippets(nodes, connection.ClusterNet.of(cluster.name, cluster.network, nodes)).ray_job_submit
+        argv = [word.replace(f":{connection.RAY_DASHBOARD_PORT}", f":{port}") for word in shlex.split(card)]
+        argv[0] = str(Path(sys.executable).with_name("ray"))
+        job_dir = home / "job"
+        job_dir.mkdir(exist_ok=True)
+        (job_dir / "train.py").write_text("import os, socket\n"
+                                          "print('answer', 6 * 7, 'from', socket.gethostname(), 'gpus', os.environ['CUDA_VISIBLE_DEVICES'])\n")
+        job = subprocess.run(argv, cwd=job_dir, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}, capture_output=True,
+                             text=True, timeout=120)
         assert job.returncode == 0, job.stdout[-2000:] + job.stderr[-2000:]
-        assert "answer 42 from" in job.stdout, job.stdout[-2000:]
+        assert f"answer 42 from {nodes[0].machine} gpus {nodes[0].free_gpus_text}" in job.stdout, job.stdout[-2000:]
     finally:
         tunnel.send_signal(2)
         said = tunnel.communicate(timeout=30)[0]

@@ -2,7 +2,8 @@
 2 GPUs on a three-machine cluster and called through the gateway (streamed and not, with a key); scaled
 to 3 with the first two untouched; a copy's engine killed while the gateway keeps answering from the
 other copies and the console restarts it; the cluster stopped and started and the deployment serving
-again; the console's processes restarted while the copies keep answering.
+again; the console's processes restarted while the copies keep answering. Then a person's own job on a GPU of
+lab-a: its heartbeat brings it to the machine's page, and placement leaves its GPUs alone.
 
 One test, because each part needs what the part before it left (a cluster started and a model placed
 cost the suite some 20 s). The machines run the lab's `process` runtime: the engines are real processes
@@ -16,6 +17,8 @@ import urllib.error
 import urllib.request
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
 
 from clusters.choices import ClusterState
 from clusters.models import Cluster, HealthCheck
@@ -28,7 +31,7 @@ from deployments.models import Copy, Deployment
 from deployments.store import downloads
 from lab import hub_models
 from machines.agent_client import Agent
-from machines.models import Machine
+from machines.models import Accelerator, Machine
 from tests.factories import UserFactory
 from tests.harness import INTERVALS, all_up, enrol, images_import, leave_nothing_running, running, wait_for
 from tests.processes import console_processes
@@ -202,3 +205,35 @@ def test_a_model_deployed_called_scaled_repaired_stopped_started_and_served_thro
     for member in (first, second):
         with Agent.open(member.machine) as agent:
             assert [s.copy for s in agent.copy_list()] == []
+
+
+def test_a_gpu_a_persons_own_job_uses_shows_on_its_machine_and_no_copy_is_placed_on_it(lab, console, machines):
+    """On the cluster the test above left running (tiny scaled to 0): a process of lab-a that the console did
+    not start declares every GPU of the machine to the lab's nvidia-smi (2 GiB on each). lab-a's heartbeat
+    reads it within 10 s; its page names it; tiny scaled to 3 copies, which spread would have put on both
+    machines with H100s, goes to lab-b alone. Once the process ends, the next read clears it."""
+    operator = get_user_model().objects.get(username="ops-lab")  # the test above made them
+    deployment = Deployment.objects.get(name="tiny")
+    a = machines["lab-a"]
+    started = lab.ssh(a.address, "FADEN_LAB_GPU_MEMORY_MIB=2048 setsid sleep 600 >/dev/null 2>&1 </dev/null & echo $!")
+    assert started.returncode == 0, started.stderr
+    pid = int(started.stdout.split()[-1])
+    try:
+        wait_for(lambda: set(map(tuple, Accelerator.objects.filter(machine=a).values_list("foreign_pids", flat=True)))
+                 == {(pid,)}, timeout=20, what="lab-a's heartbeat to report the job on every GPU")
+        viewer = Client()
+        viewer.force_login(UserFactory(username="viewer-lab", role=roles.VIEWER))
+        page = viewer.get(f"/machines/{a.pk}/").content.decode()
+        assert f"GPU 3: used by a process the console did not start, pid {pid} (2048 MiB)" in page
+
+        services.deployment_scale(deployment=deployment, copies=3, user=operator)
+        wait_for(serving(3), timeout=120, what="three copies serving beside the job")
+        # lab-a and lab-b have the H100s (lab-c's are A100s): spread would have put one copy on lab-a at least.
+        assert {slot["machine"] for copy in Copy.objects.filter(deployment=deployment) for slot in copy.slots} == {
+            machines["lab-b"].pk}
+    finally:
+        lab.ssh(a.address, f"kill {pid}")
+    wait_for(lambda: not Accelerator.objects.filter(machine=a).exclude(foreign_pids=[]).exists(), timeout=20,
+             what="lab-a's GPUs free again once the job ended")
+    services.deployment_scale(deployment=deployment, copies=0, user=operator)
+    wait_for(lambda: not Copy.objects.filter(deployment=deployment).exists(), timeout=60, what="tiny scaled to 0")

@@ -90,7 +90,7 @@ def test_nodes_of_refuses_a_cluster_without_its_one_head():
 @pytest.mark.django_db
 def test_nodes_of_reads_a_cluster_in_a_fixed_number_of_queries(django_assert_max_num_queries):
     cluster = cluster_of([gpu_machine(f"lab-{i}", 11 + i) for i in range(6)])
-    with django_assert_max_num_queries(3):
+    with django_assert_max_num_queries(4):  # members, interfaces, accelerators, the GPUs copies hold
         assert len(nodes_of(cluster)) == 6
 
 
@@ -170,7 +170,8 @@ def test_ssh_command_is_root_at_the_machines_address_with_the_jump_and_port_when
 
 def test_torchrun_is_the_same_command_on_every_node_loading_its_settings_first():
     cut = snippets(two_nodes(), NET)
-    per_node = ("set -a; . /etc/fadenstack/cluster.env; set +a; torchrun --nnodes=$WORLD_NODES --nproc-per-node=$GPUS_PER_NODE"
+    per_node = ("set -a; . /etc/fadenstack/cluster.env; set +a; CUDA_VISIBLE_DEVICES=$FADEN_FREE_GPUS torchrun"
+                " --nnodes=$WORLD_NODES --nproc-per-node=$GPUS_PER_NODE"
                 " --rdzv-id=gpu-room --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT train.py")
     assert cut.torchrun_node == per_node
     assert cut.torchrun == f"for node in node-0 node-1; do ssh \"$node\" '{per_node}' & done; wait"
@@ -186,7 +187,7 @@ def test_torchrun_brackets_an_ipv6_head_for_the_rendezvous():
 def test_mpirun_starts_one_process_per_gpu_across_the_hostfile_each_loading_its_nodes_settings():
     assert snippets(two_nodes(), NET).mpirun == (
         "mpirun --allow-run-as-root --hostfile /etc/fadenstack/hostfile -np 12 --mca btl_tcp_if_include 198.18.1.0/24"
-        " bash -c 'set -a; . /etc/fadenstack/cluster.env; set +a; exec python train.py'")
+        " bash -c 'set -a; . /etc/fadenstack/cluster.env; set +a; CUDA_VISIBLE_DEVICES=$FADEN_FREE_GPUS exec python train.py'")
 
 
 def test_deepspeed_reads_the_hostfile_and_gets_every_nodes_interface_since_it_exports_the_heads_nccl_settings():
@@ -199,7 +200,8 @@ def test_deepspeed_reads_the_hostfile_and_gets_every_nodes_interface_since_it_ex
 
 def test_ray_commands_go_through_the_tunnel_to_the_heads_loopback():
     cut = snippets(two_nodes(), NET, jump="jump.example")
-    assert cut.ray_job_submit == "ray job submit --address http://127.0.0.1:8265 --working-dir . -- python train.py"
+    assert cut.ray_job_submit == ("ray job submit --address http://127.0.0.1:8265 --working-dir . --runtime-env-json"
+                                  " '{\"env_vars\": {\"CUDA_VISIBLE_DEVICES\": \"0,1,2,3,4,5,6,7\"}}' -- python3 train.py")
     assert cut.ray_tunnel == "ssh -N -L 8265:127.0.0.1:8265 -L 10001:127.0.0.1:10001 -J jump.example root@198.18.0.11"
     assert cut.ssh_commands == {"node-0": "ssh -J jump.example root@198.18.0.11", "node-1": "ssh -J jump.example root@198.18.0.12"}
 

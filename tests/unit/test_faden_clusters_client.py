@@ -70,7 +70,8 @@ def test_faden_clusters_tunnel_forwards_the_heads_ray_with_a_certificate_removed
                               "-L", "127.0.0.1:10001:127.0.0.1:10001", "--", "root@198.18.0.11"]
     said = capsys.readouterr()
     assert "Ray's dashboard:  http://127.0.0.1:8265" in said.out
-    assert "ray job submit --address http://127.0.0.1:8265 --working-dir . -- python train.py" in said.out
+    assert ("ray job submit --address http://127.0.0.1:8265 --working-dir . --runtime-env-json"
+            """ '{"env_vars": {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}}' -- python3 train.py""") in said.out
     assert "for node-0 (lab-a)" in said.err and "Tunnel closed." in said.err
 
 
