@@ -30,6 +30,9 @@ class MountsExtension:
     def accelerators_held(self, cluster, machine_ids):
         return Fraction(1, 2)
 
+    def gpus_held(self, cluster):
+        return {}
+
     def serving_copies(self, cluster):
         return 2
 

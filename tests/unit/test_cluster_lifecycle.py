@@ -423,7 +423,7 @@ def test_the_head_of_a_running_cluster_cannot_be_removed_until_the_cluster_is_st
 def test_a_worker_of_a_running_cluster_is_not_removed_from_its_record(committed, room, gpu_b):
     words = refused(committed, services.cluster_member_remove, cluster=room, machine_id=gpu_b.pk)
 
-    assert "a machine leaves a running cluster by a drain" in words
+    assert "leaves a running cluster by a drain, which is not available yet" in words
     assert ClusterMember.objects.filter(machine=gpu_b).exists()
 
 
