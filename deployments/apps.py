@@ -33,7 +33,8 @@ class DeploymentsConfig(AppConfig):
         job_kind_register(copies.REMOVE_KIND, task="deployments.tasks.model_remove")
         job_kind_register(sources.KIND, task="deployments.tasks.model_source_check")
         # One apply job per deployment claims and starts copies; a new worker takes up a dead one's.
-        job_kind_register(serving.KIND, task="deployments.tasks.deployment_apply", resumable=True)
+        job_kind_register(serving.KIND, task="deployments.tasks.deployment_apply", resumable=True,
+                          on_failed=serving.apply_abandoned)
         job_kind_register(serving.DELETE_KIND, task="deployments.tasks.deployment_delete", resumable=True)
 
         hooks.cluster_stopping.connect(_cluster_stopping, dispatch_uid="deployments-stopping")

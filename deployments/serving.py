@@ -193,6 +193,15 @@ def _resumed(deployment: Deployment) -> None:
                       only_from=[CopyState.COPYING])
 
 
+def apply_abandoned(job: Job) -> None:
+    """The reaper gave up on the apply job: copies it had claimed or was starting go back to the queue
+    (they would read Copying the model or Starting for ever, holding their room), for the next apply."""
+    copies_transition(Copy.objects.filter(deployment_id=job.target_id), to=CopyState.QUEUED,
+                      reason="Waiting for its turn to start: the worker starting it stopped.",
+                      only_from=[CopyState.COPYING, CopyState.STARTING], pid=None)
+    transaction.on_commit(lambda: deployment_changed(job.target_id))
+
+
 def apply_once(ctx: JobContext, deployment_id: int) -> list[str]:
     deployment = Deployment.objects.select_related("cluster", "model").filter(pk=deployment_id).first()
     if deployment is None or deployment.deleting_since:
