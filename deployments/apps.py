@@ -39,6 +39,7 @@ class DeploymentsConfig(AppConfig):
 
         hooks.cluster_stopping.connect(_cluster_stopping, dispatch_uid="deployments-stopping")
         hooks.cluster_running.connect(_cluster_running, dispatch_uid="deployments-running")
+        hooks.members_joined.connect(_members_joined, dispatch_uid="deployments-members-joined")
 
 
 def _cluster_stopping(sender, cluster, deleting=False, **kwargs) -> None:
@@ -51,6 +52,13 @@ def _cluster_running(sender, cluster, **kwargs) -> None:
     from deployments import serving
 
     serving.cluster_running(cluster)
+
+
+def _members_joined(sender, cluster_id, machine_ids=(), **kwargs) -> None:
+    """A machine joined the cluster or came back: queued copies may fit on it now."""
+    from deployments import serving
+
+    serving.queued_woken(cluster_id)
 
 
 def deployments_refusal(cluster) -> str | None:

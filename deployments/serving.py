@@ -28,7 +28,7 @@ from django.utils import timezone
 from clusters.choices import ClusterState, MemberState
 from clusters.fanout import each
 from clusters.lifecycle import cluster_changed
-from clusters.models import ClusterMember
+from clusters.models import Cluster, ClusterMember
 from console import live
 from console.choices import JOB_ACTIVE, JobState
 from console.jobs import JobContext, JobError, job_start
@@ -120,6 +120,23 @@ def apply_start(deployment: Deployment, *, user=None) -> Job:
                          steps=STEPS, user=user)
 
 
+def queued_woken(cluster_id: int, *, besides: int | None = None) -> None:
+    """Room may have appeared on the cluster (a copy stopped, a deployment went, machines joined or came
+    back): once the transaction commits, the apply job of each deployment there with queued copies plans
+    them again (a running one goes round once more). ``besides``: the deployment whose own job freed the
+    room, which plans its queued copies in the same round anyway. A cluster that is not running starts
+    nothing: its start applies every deployment."""
+    def wake() -> None:
+        if not Cluster.objects.filter(pk=cluster_id, state=ClusterState.RUNNING).exists():
+            return
+        waiting = (Deployment.objects.filter(cluster_id=cluster_id, deleting_since__isnull=True,
+                                             copy_rows__state=CopyState.QUEUED).exclude(pk=besides).distinct())
+        for deployment in waiting.order_by("pk"):
+            apply_start(deployment)
+
+    transaction.on_commit(wake)
+
+
 def another_round(job: Job) -> bool:
     """Asked by the apply job before it ends: was more asked of it meanwhile? If not, it says it is closing."""
     with transaction.atomic():
@@ -147,6 +164,8 @@ def copy_stop_begin(copy: Copy) -> None:
         copy_transition(copy, to=CopyState.STOPPING, reason="Scaled down: stopping.")
     else:
         copy.delete()
+        if copy.machine_id:  # a queued copy with a place kept it for its turn: another may take it
+            queued_woken(copy.deployment.cluster_id, besides=copy.deployment_id)
 
 
 @dataclass(frozen=True)
@@ -175,6 +194,7 @@ def delete_start(deployment: Deployment, *, user=None) -> Deleted:
         left = tuple(dict.fromkeys(running.exclude(state=CopyState.STOPPING).values_list("machine__name", flat=True)))
         deployment.delete()
         transaction.on_commit(lambda: deployment_changed(pk, cluster_id))
+        queued_woken(cluster_id)  # its queued copies' places are free
         return Deleted(job=None, left_on=tuple(n for n in left if n))
     Deployment.objects.filter(pk=deployment.pk).update(deleting_since=timezone.now())
     for copy in deployment.copy_rows.all():
@@ -266,6 +286,8 @@ def stops(deployment: Deployment) -> list[str]:
 
     failures = each(stopping, stop)
     deployment_changed(deployment)
+    if len(failures) < len(stopping):  # their GPUs are free: copies queued elsewhere on the cluster may fit
+        queued_woken(deployment.cluster_id, besides=deployment.pk)
     return failures
 
 
