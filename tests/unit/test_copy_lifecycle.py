@@ -121,6 +121,8 @@ def test_a_cluster_restart_queues_its_starting_and_serving_copies_again_through_
     serving.cluster_running(deployment.cluster)
 
     assert list(deployment.copy_rows.values_list("state", flat=True)) == [CopyState.QUEUED] * 5 + [CopyState.STOPPING]
+    for state in (CopyState.SERVING, CopyState.STARTING, CopyState.COPYING, CopyState.FAILED, CopyState.STOPPED):
+        assert CopyState.QUEUED in COPY_TRANSITIONS[state], f"the restart's move from {state} is not the table's"
     assert set(deployment.copy_rows.values_list("pid", flat=True)) == {None}
 
 
