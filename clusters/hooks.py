@@ -3,7 +3,8 @@
 - Signals, sent inside the transaction of the change (receivers that enqueue
   work do it on commit): ``cluster_running`` (a start or restart ended with the
   cluster Running), ``cluster_stopping`` (a stop or a delete begins),
-  ``member_leaving`` (a machine leaves the cluster's record).
+  ``member_leaving`` (a machine leaves the cluster's record), ``members_joined``
+  (machines joined the cluster's Ray or came back to it: room for copies).
 - ``ClusterExtension``: what the cluster asks of an app that runs things on its
   machines (deployments: copies of models), each question a method. An app
   implements it in one class and registers one instance (``extension_register``);
@@ -24,6 +25,8 @@ cluster_running = Signal()
 cluster_stopping = Signal()
 # cluster, machine_id; sent before a machine leaves the cluster's record.
 member_leaving = Signal()
+# cluster_id, machine_ids; sent when members become Up (they joined, or came back), in the same transaction.
+members_joined = Signal()
 
 
 @dataclass(frozen=True)

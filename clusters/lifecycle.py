@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from clusters import hooks
 from clusters.choices import CLUSTER_TRANSITIONS, MEMBER_TRANSITIONS, MemberState
 from clusters.models import Cluster, ClusterMember
 from console import live
@@ -61,11 +62,15 @@ def members_transition(members: QuerySet[ClusterMember] | Iterable[int], *, to: 
         raise InvalidTransition(f"{name} cannot go from {MemberState(state).label} to {MemberState(to).label}.")
     # The state filter is in the UPDATE itself: a state the table forbids is never written.
     allowed = rows.filter(state__in=_sources(to))
+    joining = list(allowed.exclude(state=to).values_list("cluster_id", "machine_id")) if to == MemberState.JOINED else []
     changed = allowed.exclude(state=to).update(state_changed_at=timezone.now())
     allowed.update(state=to, state_reason=reason, **fields)
     if push:  # a start's ProgressBoard pushes on its own tick instead
         for cluster_id in set(allowed.values_list("cluster_id", flat=True)):
             cluster_changed(cluster_id, part="members")
+    for cluster_id in {cluster_id for cluster_id, _ in joining}:  # room for copies, say
+        hooks.members_joined.send(sender=Cluster, cluster_id=cluster_id,
+                                  machine_ids=[machine_id for c, machine_id in joining if c == cluster_id])
     return changed
 
 

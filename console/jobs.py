@@ -9,7 +9,8 @@ While the work runs, a thread beats the row every ``FADEN_JOB_BEAT`` seconds.
 A running job whose beat is older than ``FADEN_JOB_STALE`` lost its worker:
 the reaper hands a resumable kind (``job_kind_register``) to a worker again,
 where the steps already done are skipped (``JobContext.done``), and fails any
-other kind with a reason. No job stays running without a live worker.
+other kind with a reason, telling the kind (``on_failed``). No job stays
+running without a live worker.
 
 Each app names its jobs' steps once, as ``Step`` objects grouped in an
 ``Operation`` (a kind and its steps): the service starts the job with the
@@ -46,7 +47,7 @@ class JobKind:
 
     task: str  # dotted path of the Celery task that runs it (takes the job's id)
     resumable: bool  # its steps are idempotent: a new worker takes it up where it stopped
-    on_failed: Callable[[Job], None] | None = None  # told when the reaper gives up on it
+    on_failed: Callable[[Job], None] | None = None  # told when the reaper fails it (resumable or not)
 
 
 _KINDS: dict[str, JobKind] = {}
@@ -54,7 +55,9 @@ _KINDS: dict[str, JobKind] = {}
 
 def job_kind_register(kind: str, *, task: str, resumable: bool = False, on_failed: Callable[[Job], None] | None = None) -> None:
     """Name the task that runs ``kind``. A resumable kind's steps are idempotent and ``JobContext.done``
-    skips finished ones, so the reaper hands it to a new worker instead of failing it."""
+    skips finished ones, so the reaper hands it to a new worker instead of failing it. ``on_failed(job)``
+    runs when the reaper fails a job of the kind (a kind that cannot resume at once, a resumable one after
+    ``MAX_RESUMES``): a kind that keeps a row of its own in a state ends it there."""
     _KINDS[kind] = JobKind(task=task, resumable=resumable, on_failed=on_failed)
 
 
@@ -297,7 +300,7 @@ STOPPED_WORKER = "The worker running this job stopped before it finished."
 
 def jobs_reap(*, stale_after: timedelta | None = None) -> int:
     """Hand running jobs whose worker stopped beating to a worker again (resumable kinds, up to
-    ``MAX_RESUMES`` times), and fail the others with a reason. Returns how many it touched."""
+    ``MAX_RESUMES`` times), and fail the others with a reason, telling their kind. Returns how many it touched."""
     cutoff = timezone.now() - (stale_after if stale_after is not None else timedelta(seconds=settings.FADEN_JOB_STALE))
     touched = 0
     for job_id in Job.objects.filter(state=JobState.RUNNING, beat_at__lt=cutoff).values_list("pk", flat=True):
@@ -306,10 +309,10 @@ def jobs_reap(*, stale_after: timedelta | None = None) -> int:
             if job is None:
                 continue  # it beat, or ended, meanwhile
             kind = _KINDS.get(job.kind)
-            kind = kind if kind and kind.resumable else None
+            resumable = kind is not None and kind.resumable
             now = timezone.now()
             stamp = now.strftime("%H:%M:%S")
-            if kind and job.resumes < MAX_RESUMES:
+            if resumable and job.resumes < MAX_RESUMES:
                 job.state, job.resumes, job.beat_at = JobState.QUEUED, job.resumes + 1, now
                 job.log = (job.log + f"{stamp} {STOPPED_WORKER} Taken up again where it stopped "
                                      f"(resume {job.resumes} of {MAX_RESUMES}).\n")[-LOG_LIMIT:]
@@ -318,16 +321,27 @@ def jobs_reap(*, stale_after: timedelta | None = None) -> int:
                 transaction.on_commit(lambda task=task, pk=job.pk: task.delay(pk))
             else:
                 job.state, job.finished_at, job.error_kind = JobState.FAILED, now, "retryable"
-                job.error = f"{STOPPED_WORKER} Run it again." if not kind else \
+                job.error = f"{STOPPED_WORKER} Run it again." if not resumable else \
                     f"{STOPPED_WORKER} It was taken up again {job.resumes} times; giving up."
                 for step in job.steps:
                     if step["state"] == StepState.RUNNING:
                         step["state"] = StepState.FAILED
                 job.save(update_fields=["state", "finished_at", "error", "error_kind", "steps"])
-                if kind and kind.on_failed:
-                    kind.on_failed(job)
+                if kind is not None and kind.on_failed is not None:
+                    _tell_failed(kind, job)
             touched += 1
     return touched
+
+
+def _tell_failed(kind: JobKind, job: Job) -> None:
+    """Tell the kind its job failed for good (every kind, resumable or not: the rows it keeps in a state,
+    an NCCL test reading Running say, end with it). One that breaks is logged and leaves the job failed, so
+    the reaper neither stops at it nor meets it again."""
+    try:
+        with transaction.atomic():
+            kind.on_failed(job)
+    except Exception:  # noqa: BLE001 - the job's end stands whatever its kind's callback does
+        log.exception("job %s (%s): on_failed broke", job.pk, job.kind)
 
 
 def jobs_prune(older_than: datetime) -> int:

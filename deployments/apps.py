@@ -31,11 +31,13 @@ class DeploymentsConfig(AppConfig):
         job_kind_register(machine_files.REMOVE_KIND, task="deployments.tasks.model_remove")
         job_kind_register(sources.KIND, task="deployments.tasks.model_source_check")
         # One apply job per deployment claims and starts copies; a new worker takes up a dead one's.
-        job_kind_register(serving.KIND, task="deployments.tasks.deployment_apply", resumable=True)
+        job_kind_register(serving.KIND, task="deployments.tasks.deployment_apply", resumable=True,
+                          on_failed=serving.apply_abandoned)
         job_kind_register(serving.DELETE_KIND, task="deployments.tasks.deployment_delete", resumable=True)
 
         hooks.cluster_stopping.connect(_cluster_stopping, dispatch_uid="deployments-stopping")
         hooks.cluster_running.connect(_cluster_running, dispatch_uid="deployments-running")
+        hooks.members_joined.connect(_members_joined, dispatch_uid="deployments-members-joined")
 
 
 def _cluster_stopping(sender, cluster, deleting=False, **kwargs) -> None:
@@ -48,6 +50,13 @@ def _cluster_running(sender, cluster, **kwargs) -> None:
     from deployments import serving
 
     serving.cluster_running(cluster)
+
+
+def _members_joined(sender, cluster_id, machine_ids=(), **kwargs) -> None:
+    """A machine joined the cluster or came back: queued copies may fit on it now."""
+    from deployments import serving
+
+    serving.queued_woken(cluster_id)
 
 
 def machine_models_card(machine, role) -> dict:

@@ -8,13 +8,19 @@ class ModelState(models.TextChoices):
     FAILED = "failed", "Failed"  # the download stopped; Try again resumes it where it stopped
 
 
+# A model's moves (deployments.downloads.model_transition is the one guard). A ready model stays ready
+# until it is deleted: a new revision is a model of its own.
+MODEL_TRANSITIONS: dict[str, frozenset[str]] = {
+    ModelState.DOWNLOADING: frozenset({ModelState.READY, ModelState.FAILED}),
+    ModelState.READY: frozenset(),
+    ModelState.FAILED: frozenset({ModelState.DOWNLOADING}),  # Try again
+}
+
 MODEL_BADGE = {
     ModelState.DOWNLOADING: "blue",
     ModelState.READY: "green",
     ModelState.FAILED: "red",
 }
-
-
 
 
 class CopyState(models.TextChoices):
@@ -30,11 +36,16 @@ class CopyState(models.TextChoices):
 
 
 _C = CopyState
+# Every change goes through deployments.serving.copies_transition (copy_transition for one copy).
 COPY_TRANSITIONS: dict[str, frozenset[str]] = {
     _C.QUEUED: frozenset({_C.COPYING, _C.STARTING, _C.STOPPING, _C.STOPPED}),
     _C.COPYING: frozenset({_C.QUEUED, _C.STARTING, _C.FAILED, _C.STOPPING, _C.STOPPED}),
-    _C.STARTING: frozenset({_C.SERVING, _C.FAILED, _C.STOPPING, _C.STOPPED}),
-    _C.SERVING: frozenset({_C.STARTING, _C.FAILED, _C.STOPPING, _C.STOPPED}),
+    # Starting and Serving go back to Queued when their cluster starts or restarts (serving.cluster_running):
+    # the console cannot tell whether an engine outlived the restart (a restarted runtime or machine ends it,
+    # a Ray restart does not), so each copy goes through its start again where it was; the agent's copy
+    # start leaves an engine that still runs the same spec as it is, so a survivor only reads Serving again.
+    _C.STARTING: frozenset({_C.QUEUED, _C.SERVING, _C.FAILED, _C.STOPPING, _C.STOPPED}),
+    _C.SERVING: frozenset({_C.QUEUED, _C.STARTING, _C.FAILED, _C.STOPPING, _C.STOPPED}),
     # A failed copy is started again where it is, or queued to be placed elsewhere when its machine is gone.
     _C.FAILED: frozenset({_C.QUEUED, _C.COPYING, _C.STARTING, _C.STOPPING, _C.STOPPED}),
     _C.STOPPING: frozenset({_C.STOPPED, _C.FAILED}),

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Case, F, Q, QuerySet, Value, When
 from django.utils import timezone
 
 from clusters.choices import ClusterState, MemberState
 from clusters.fanout import each
 from clusters.lifecycle import cluster_changed
-from clusters.models import ClusterMember
+from clusters.models import Cluster, ClusterMember
 from console import live
 from console.choices import JOB_ACTIVE, ErrorKind, JobState
 from console.jobs import JobContext, JobError, Operation, Step, job_start
@@ -69,20 +69,30 @@ def deployment_changed(deployment: Deployment | int, cluster_id: int | None = No
 
 
 def _sources(to: str) -> list[str]:
+    """The states a copy may come from to reach ``to`` (itself included: that only refreshes the reason)."""
     return [state for state, targets in COPY_TRANSITIONS.items() if to in targets or state == to]
 
 
+def copies_transition(copies: QuerySet[Copy], *, to: str, reason: str = "", only_from=None, **fields) -> int:
+    """The one way copies change state, one or many: checked against the table in the UPDATE itself (a job
+    holding older objects cannot write a state the table forbids). ``only_from`` narrows who moves (the
+    others are left as they are, not refused); without it a copy the table does not let go there raises
+    InvalidTransition and nothing is written. Returns how many copies were written."""
+    rows = copies if only_from is None else copies.filter(state__in=list(only_from))
+    if only_from is None:
+        refused = rows.exclude(state__in=_sources(to)).values_list("deployment__name", "number", "state").first()
+        if refused:
+            name, number, state = refused
+            raise InvalidTransition(f"{name} #{number} cannot go from {CopyState(state).label} to {CopyState(to).label}.")
+    # The time it changed moves only for the copies whose state does: a refreshed reason keeps it.
+    changed_at = Case(When(~Q(state=to), then=Value(timezone.now())), default=F("state_changed_at"))
+    return rows.filter(state__in=_sources(to)).update(state=to, state_reason=reason, state_changed_at=changed_at, **fields)
+
+
 def copy_transition(copy: Copy, *, to: str, reason: str = "", only_from=None, **fields) -> bool:
-    """The one way a copy changes state: checked against the table in the UPDATE itself (a job holding
-    an older object cannot write a state the table forbids). False when the copy was not in a state
-    ``only_from`` (or the table) allows; then nothing is written."""
-    allowed = [s for s in _sources(to) if only_from is None or s in only_from]
-    changed = {"state_changed_at": timezone.now()} if copy.state != to else {}
-    updated = Copy.objects.filter(pk=copy.pk, state__in=allowed).update(state=to, state_reason=reason, **changed, **fields)
-    if not updated:
-        if only_from is None and Copy.objects.filter(pk=copy.pk).exists():
-            current = Copy.objects.filter(pk=copy.pk).values_list("state", flat=True).first()
-            raise InvalidTransition(f"{copy} cannot go from {CopyState(current).label} to {CopyState(to).label}.")
+    """``copies_transition`` for the one copy a caller holds, whose object follows. False when the copy was
+    not in a state ``only_from`` allows (or is gone); then nothing is written."""
+    if not copies_transition(Copy.objects.filter(pk=copy.pk), to=to, reason=reason, only_from=only_from, **fields):
         return False
     copy.state, copy.state_reason = to, reason
     for name, value in fields.items():
@@ -107,6 +117,23 @@ def apply_start(deployment: Deployment, *, user=None) -> Job:
             return active
         return job_start(kind=KIND, title=f"Apply {deployment.name}", target_type="deployment", target_id=deployment.pk,
                          steps=APPLY.step_names, user=user)
+
+
+def queued_woken(cluster_id: int, *, besides: int | None = None) -> None:
+    """Room may have appeared on the cluster (a copy stopped, a deployment went, machines joined or came
+    back): once the transaction commits, the apply job of each deployment there with queued copies plans
+    them again (a running one goes round once more). ``besides``: the deployment whose own job freed the
+    room, which plans its queued copies in the same round anyway. A cluster that is not running starts
+    nothing: its start applies every deployment."""
+    def wake() -> None:
+        if not Cluster.objects.filter(pk=cluster_id, state=ClusterState.RUNNING).exists():
+            return
+        waiting = (Deployment.objects.filter(cluster_id=cluster_id, deleting_since__isnull=True,
+                                             copy_rows__state=CopyState.QUEUED).exclude(pk=besides).distinct())
+        for deployment in waiting.order_by("pk"):
+            apply_start(deployment)
+
+    transaction.on_commit(wake)
 
 
 def another_round(job: Job) -> bool:
@@ -136,6 +163,8 @@ def copy_stop_begin(copy: Copy) -> None:
         copy_transition(copy, to=CopyState.STOPPING, reason="Scaled down: stopping.")
     else:
         copy.delete()
+        if copy.machine_id:  # a queued copy with a place kept it for its turn: another may take it
+            queued_woken(copy.deployment.cluster_id, besides=copy.deployment_id)
 
 
 @dataclass(frozen=True)
@@ -164,6 +193,7 @@ def delete_start(deployment: Deployment, *, user=None) -> Deleted:
         left = tuple(dict.fromkeys(running.exclude(state=CopyState.STOPPING).values_list("machine__name", flat=True)))
         deployment.delete()
         transaction.on_commit(lambda: deployment_changed(pk, cluster_id))
+        queued_woken(cluster_id)  # its queued copies' places are free
         return Deleted(job=None, left_on=tuple(n for n in left if n))
     Deployment.objects.filter(pk=deployment.pk).update(deleting_since=timezone.now())
     for copy in deployment.copy_rows.all():
@@ -178,7 +208,17 @@ def delete_start(deployment: Deployment, *, user=None) -> Deleted:
 def _resumed(deployment: Deployment) -> None:
     """A worker died in the middle of this job (the only one that claims copies): what it had claimed
     but not started goes back to the queue; engines it started are looked at again."""
-    deployment.copy_rows.filter(state=CopyState.COPYING).update(state=CopyState.QUEUED, state_reason="Waiting for its turn to start.")
+    copies_transition(deployment.copy_rows.all(), to=CopyState.QUEUED, reason="Waiting for its turn to start.",
+                      only_from=[CopyState.COPYING])
+
+
+def apply_abandoned(job: Job) -> None:
+    """The reaper gave up on the apply job: copies it had claimed or was starting go back to the queue
+    (they would read Copying the model or Starting for ever, holding their room), for the next apply."""
+    copies_transition(Copy.objects.filter(deployment_id=job.target_id), to=CopyState.QUEUED,
+                      reason="Waiting for its turn to start: the worker starting it stopped.",
+                      only_from=[CopyState.COPYING, CopyState.STARTING], pid=None)
+    transaction.on_commit(lambda: deployment_changed(job.target_id))
 
 
 def apply_once(ctx: JobContext, deployment_id: int) -> list[str]:
@@ -190,8 +230,8 @@ def apply_once(ctx: JobContext, deployment_id: int) -> list[str]:
     stops(deployment)
     _queued_placed_again(deployment)
     if deployment.model.state != ModelState.READY:
-        deployment.copy_rows.filter(state=CopyState.QUEUED).update(
-            state_reason=f"Waiting for {deployment.model} to be in the server's store.")
+        copies_transition(deployment.copy_rows.all(), to=CopyState.QUEUED, only_from=[CopyState.QUEUED],
+                          reason=f"Waiting for {deployment.model} to be in the server's store.")
         ctx.detail(f"Waiting for {deployment.model}'s download")
         deployment_changed(deployment)
         return []
@@ -245,6 +285,8 @@ def stops(deployment: Deployment) -> list[str]:
 
     failures = each(stopping, stop)
     deployment_changed(deployment)
+    if len(failures) < len(stopping):  # their GPUs are free: copies queued elsewhere on the cluster may fit
+        queued_woken(deployment.cluster_id, besides=deployment.pk)
     return failures
 
 
@@ -386,10 +428,9 @@ def last_line(text: str) -> str:
 
 def cluster_stopping(cluster, deleting: bool = False) -> None:
     """Stop keeps the deployments; its copies read Stopped (the runtime's stop ends their engines)."""
-    copies = Copy.objects.filter(deployment__cluster=cluster).exclude(state=CopyState.STOPPED)
-    copies.filter(state__in=HOLDS_ROOM | {CopyState.QUEUED}).update(
-        state=CopyState.STOPPED, state_reason=f"{cluster.name} is stopped: started again when it starts.",
-        state_changed_at=timezone.now(), pid=None)
+    copies_transition(Copy.objects.filter(deployment__cluster=cluster), to=CopyState.STOPPED,
+                      reason=f"{cluster.name} is stopped: started again when it starts.",
+                      only_from=HOLDS_ROOM | {CopyState.QUEUED}, pid=None)
     for pk in Deployment.objects.filter(cluster=cluster).values_list("pk", flat=True):
         transaction.on_commit(lambda pk=pk: deployment_changed(pk, cluster.pk))
 
@@ -397,9 +438,9 @@ def cluster_stopping(cluster, deleting: bool = False) -> None:
 def cluster_running(cluster) -> None:
     """Start (or a head's restart) applies the cluster's models again: their copies start where they were."""
     for deployment in Deployment.objects.filter(cluster=cluster, deleting_since__isnull=True):
-        deployment.copy_rows.filter(state__in=[CopyState.STOPPED, CopyState.SERVING, CopyState.STARTING,
-                                               CopyState.COPYING, CopyState.FAILED]).update(
-            state=CopyState.QUEUED, state_reason="Waiting for its turn to start.", state_changed_at=timezone.now(), pid=None)
+        copies_transition(deployment.copy_rows.all(), to=CopyState.QUEUED, reason="Waiting for its turn to start.",
+                          only_from=[CopyState.STOPPED, CopyState.SERVING, CopyState.STARTING, CopyState.COPYING,
+                                     CopyState.FAILED], pid=None)
         apply_start(deployment)
 
 

@@ -9,7 +9,7 @@ class MachinesConfig(AppConfig):
         from console import dashboard, live
         from console.jobs import job_kind_register
         from console.pruning import register_pruner
-        from machines import services, ssh_certificates, steps, views
+        from machines import enrolment, services, ssh_certificates, steps, views
 
         live.register("machines", views.render_machines_topic, may_see=views.may_see_machines_topic,
                       takes=live.one_of("", "summary"))
@@ -29,7 +29,8 @@ class MachinesConfig(AppConfig):
             dashboard.Panel(name="machine-events", template="machines/_recent_events.html", context=views.recent_events, order=20)
         )
 
-        job_kind_register(steps.ENROL.kind, task="machines.tasks.machine_enrol")
+        # A machine reads Enrolling while its job runs: one the reaper fails reads Failed instead.
+        job_kind_register(steps.ENROL.kind, task="machines.tasks.machine_enrol", on_failed=enrolment.machine_enrol_abandoned)
         job_kind_register(steps.REFRESH.kind, task="machines.tasks.machine_enrol")
         job_kind_register(steps.UPDATE_AGENT.kind, task="machines.tasks.machine_update_agent")
         register_pruner("machine events", services.machine_events_prune, keep_days_setting="FADEN_KEEP_EVENTS_DAYS")

@@ -58,6 +58,15 @@ def machine_enrol_run(ctx: JobContext, *, machine_id: int) -> None:
         services.machine_transition(machine=machine, to=MachineState.HEALTHY)
 
 
+def machine_enrol_abandoned(job) -> None:
+    """The reaper failed the enrolment (its worker died): the machine reads Failed with the job's sentence
+    instead of Enrolling for ever, and Refresh facts enrols it again."""
+    with transaction.atomic():
+        machine = Machine.objects.select_for_update(no_key=True).filter(pk=job.target_id).first()
+        if machine is not None and machine.state == MachineState.ENROLLING:
+            services.machine_transition(machine=machine, to=MachineState.FAILED, reason=job.error)
+
+
 def agent_put(ctx: JobContext, conn: Connection, build: AgentBuild) -> Preflight:
     """The steps ``CHECK_PYTHON`` and ``INSTALL_AGENT``: this build on the machine, digest checked.
 

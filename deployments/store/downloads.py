@@ -18,8 +18,9 @@ from django.utils import timezone
 from console import live
 from console.choices import ErrorKind
 from console.jobs import JobContext, JobError, Operation, Step
+from console.lifecycle import InvalidTransition
 from console.ticker import Ticker
-from deployments.choices import ModelState
+from deployments.choices import MODEL_TRANSITIONS, ModelState
 from deployments.models import ModelFile, StoredModel
 from deployments.store import disk, facts, hub
 from deployments.store.hub_token import hf_token
@@ -40,6 +41,25 @@ def model_changed(model: StoredModel | int, part: str = "") -> None:
     pk = model if isinstance(model, int) else model.pk
     live.push(f"model:{pk}", part=part)
     live.push("models", part=str(pk))
+
+
+def _sources(to: str) -> list[str]:
+    return [state for state, targets in MODEL_TRANSITIONS.items() if to in targets or state == to]
+
+
+def model_transition(model: StoredModel | int, *, to: str, reason: str = "", only_from=None, **fields) -> bool:
+    """The one way a model in the store changes state: checked against the table in the UPDATE itself (the
+    download job, the reaper and Try again write the same row). ``only_from`` narrows the states it moves
+    from (another is left as it is: False); without it a move the table forbids raises InvalidTransition.
+    Nothing is written when it does not move; a model deleted meanwhile is left gone (False)."""
+    pk = model if isinstance(model, int) else model.pk
+    sources = [s for s in _sources(to) if only_from is None or s in only_from]
+    if StoredModel.objects.filter(pk=pk, state__in=sources).update(state=to, state_reason=reason, **fields):
+        return True
+    current = StoredModel.objects.filter(pk=pk).first()
+    if current is not None and only_from is None:
+        raise InvalidTransition(f"{current} cannot go from {current.get_state_display()} to {ModelState(to).label}.")
+    return False
 
 
 class Meter(Ticker):
@@ -184,15 +204,16 @@ def _finish(model: StoredModel, folder: Path | None) -> None:
     files = list(model.files.values_list("path", "sha256"))
     directory = disk.tree_link(model.repo, model.commit, files)
     found = facts.model_facts(directory)
-    StoredModel.objects.filter(pk=model.pk).update(
-        state=ModelState.READY, state_reason="", facts=found, bytes_done=model.bytes_total, rate=0, ready_at=timezone.now())
+    model_transition(model, to=ModelState.READY, facts=found, bytes_done=model.bytes_total, rate=0, ready_at=timezone.now())
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
     model_changed(model)
 
 
 def _failed(model: StoredModel, reason: str) -> None:
-    StoredModel.objects.filter(pk=model.pk).update(state=ModelState.FAILED, state_reason=reason, rate=0)
+    # Only a download under way fails: a model that became Ready meanwhile (its job's worker died after the
+    # last step, say) stays Ready.
+    model_transition(model, to=ModelState.FAILED, reason=reason, only_from=[ModelState.DOWNLOADING], rate=0)
     model_changed(model)
 
 

@@ -41,7 +41,7 @@ def model_retry(model: StoredModel, *, user=None) -> Job:
         model = StoredModel.objects.select_for_update(no_key=True).get(pk=model.pk)
         if model.state != ModelState.FAILED:
             raise ValidationError(f"{model} is {model.get_state_display().lower()}: only a failed download is tried again.")
-        StoredModel.objects.filter(pk=model.pk).update(state=ModelState.DOWNLOADING, state_reason="")
+        downloads.model_transition(model, to=ModelState.DOWNLOADING)
         job = _download_start(model, user)
     downloads.model_changed(model)
     return job

@@ -1,5 +1,6 @@
 """A cluster's life on the lab, with a real worker and a real beat at shortened intervals: a worker
-killed in the middle of a start; Ray killed, links cut and the head powered off, and the console
+killed in the middle of a start; the NCCL test; a model deployed in the runtime containers, called
+through the gateway, scaled and repaired; Ray killed, links cut and the head powered off, and the console
 noticing, looking twice and repairing by itself; a machine added; stop, start and delete; a cluster
 whose machines are all offline deleted anyway.
 
@@ -8,6 +9,9 @@ head, lab-b), in the order they are written: each one does something else to the
 and leaves it running (the `life` fixture starts it anew if a test did not). Each reads only what
 happened since its own fault.
 """
+import json
+import time
+
 import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
@@ -19,12 +23,17 @@ from clusters.nccl_api import NcclTestSerializer
 from console import roles
 from console.choices import JOB_TERMINAL, JobState
 from console.models import Job
+from deployments import services as deployment_services
+from deployments.choices import CopyState
+from deployments.forms import ask_from
+from deployments.models import Copy, Deployment
+from machines.agent_client import Agent
 from machines.choices import MachineState
 from machines.models import Machine
 from tests.harness import (FABRIC, INTERVALS, all_up, cluster_in, enrol, images_import, leave_nothing_running, ray_runs_on,
                            running, wait_for)
 from tests.factories import UserFactory
-from tests.integration import connect_lab
+from tests.integration import connect_lab, serve_lab
 from tests.processes import console_processes
 
 pytestmark = [pytest.mark.lab]
@@ -40,7 +49,7 @@ NCCL_LIMIT = {"FADEN_NCCL_TEST_LIMIT_SECONDS": "120"}
 
 @pytest.fixture(scope="module")
 def console(lab, module_db):
-    with console_processes(beat=True, env={**INTERVALS, **NCCL_LIMIT}, enqueue=True) as processes:
+    with console_processes(beat=True, env={**INTERVALS, **NCCL_LIMIT}, enqueue=True, gateway=True) as processes:
         yield processes
 
 
@@ -152,6 +161,62 @@ def test_the_nccl_test_on_a_40_mbit_link_stops_after_five_sizes_and_names_the_li
     finally:
         lab.fault("lab-b", "link-restore", "fabric")
     connect_lab.check_nccl_test_stops_on_a_slow_link(NcclTestSerializer(ended).data, ("lab-a", "lab-b"))
+
+
+def test_a_model_deployed_in_the_runtime_containers_is_called_scaled_and_a_killed_copy_restarted(lab, life, machines, console):
+    """The deployments' main path on the real runtime (the deployments module runs the `process` one): the
+    lab's small model as 2 copies of 2 GPUs, each engine in the cluster's Podman container of its machine,
+    called through the gateway (streamed and not, with a key); scaled to 3 with the first two untouched; a
+    copy's engine killed in its container while the gateway keeps answering from the others, and the
+    console restarting it; deleted, with nothing left running in the containers."""
+    operator = UserFactory(username="ops-podman", role=roles.OPERATOR)
+    both = [machines["lab-a"], machines["lab-b"]]
+    ask = ask_from({"name": "tiny", "copies": 2, "kind": serve_lab.KIND, "gpu_quarters": 8, "memory_per_gpu_gib": 8,
+                    "context_length": 2048}, cluster=life, model=serve_lab.tiny_model())
+    deployment = deployment_services.deployment_create(ask=ask, user=operator)
+    try:
+        wait_for(serve_lab.serving(2), timeout=120, what="two copies serving in the runtime containers")
+        first = dict(Copy.objects.filter(deployment=deployment).values_list("number", "pid"))
+        assert len({c.machine_id for c in deployment.copy_rows.all()}) == 2  # spread
+        for copy in deployment.copy_rows.select_related("machine"):  # the pid is the engine's in the container
+            argv = lab.ssh(copy.machine.address, f"podman exec fadenstack-{NAME} cat /proc/{copy.pid}/cmdline").stdout
+            words = argv.split("\0")  # the lab's engine is a Python script: python3 /usr/local/bin/vllm serve ...
+            assert "serve" in words and words[words.index("serve") - 1].endswith("vllm"), argv
+            assert words[words.index("--served-model-name") + 1] == "tiny", argv
+
+        _, key = deployment_services.gateway_key_create(name="lab", user=operator)
+        wait_for(lambda: serve_lab.chat(console, key)[0] != 401, timeout=5, what="the gateway to know the new key", every=0.2)
+        status, body = serve_lab.chat(console, key)
+        assert status == 200, body
+        assert json.loads(body)["choices"][0]["message"]["content"]
+        status, streamed = serve_lab.chat(console, key, stream=True)
+        assert status == 200 and streamed.rstrip().endswith(b"data: [DONE]") and streamed.count(b"data: {") >= 2
+        assert serve_lab.chat(console, "fs-not-a-key")[0] == 401
+
+        deployment_services.deployment_scale(deployment=deployment, copies=3, user=operator)
+        wait_for(serve_lab.serving(3), timeout=120, what="a third copy serving")
+        after = dict(Copy.objects.filter(deployment=deployment).values_list("number", "pid"))
+        assert {n: after[n] for n in first} == first  # the first two were not restarted
+
+        victim = Copy.objects.select_related("machine").get(deployment=deployment, number=1)
+        caller = serve_lab.Caller(console, key)
+        caller.start()
+        time.sleep(0.5)  # some answers before the kill
+        lab.ssh(victim.machine.address, f"podman exec fadenstack-{NAME} sh -c 'kill -9 {victim.pid}'")
+        wait_for(lambda: Copy.objects.filter(pk=victim.pk, state=CopyState.SERVING, restarts=1).exists(), timeout=90,
+                 what="the killed copy to be restarted")
+        statuses = caller.stop()
+        assert statuses and set(statuses) == {200}, statuses
+        assert HealthCheck.objects.filter(cluster=life, outcome="repair", action__contains="Restarting tiny #1").exists()
+
+        deployment_services.deployment_delete(deployment=deployment, user=operator)
+        wait_for(lambda: not Deployment.objects.filter(pk=deployment.pk).exists(), timeout=60, what="tiny deleted")
+        for machine in both:
+            with Agent.open(machine) as agent:
+                assert agent.copy_list() == [], machine.name
+    finally:  # the tests after this one take every GPU (the NCCL test) or delete the cluster
+        Deployment.objects.filter(pk=deployment.pk).delete()
+        serve_lab.copies_cleared(both)
 
 
 def test_ray_killed_on_a_worker_is_joined_again_while_the_head_keeps_running(lab, life, machines):

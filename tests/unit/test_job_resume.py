@@ -126,6 +126,60 @@ def test_a_stale_job_of_a_kind_nobody_registered_fails_and_is_not_queued_again(r
     assert resumed_task.enqueued == [] and resumable == []
 
 
+@pytest.fixture
+def not_resumable():
+    """A kind that cannot resume, with an on_failed, registered for the test only; what it was told."""
+    told: list[Job] = []
+    job_kind_register("test.once", task=f"{__name__}.resumed_task", on_failed=told.append)
+    yield told
+    jobs._KINDS.pop("test.once", None)
+
+
+@pytest.mark.django_db
+def test_a_stale_job_of_a_kind_that_cannot_resume_fails_at_once_and_its_kind_is_told(not_resumable, django_capture_on_commit_callbacks):
+    job = stale_running(kind="test.once")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert jobs_reap() == 1
+
+    job.refresh_from_db()
+    assert (job.state, job.resumes, job.error) == (JobState.FAILED, 0, f"{STOPPED_WORKER} Run it again.")
+    assert [(j.pk, j.state) for j in not_resumable] == [(job.pk, JobState.FAILED)]
+    assert resumed_task.enqueued == []
+
+
+@pytest.mark.django_db
+def test_a_kind_whose_on_failed_breaks_leaves_its_job_failed_and_the_reaper_goes_on(django_capture_on_commit_callbacks):
+    def broken(job):
+        Job.objects.filter(pk=job.pk).update(title="written by the broken callback")
+        raise RuntimeError("the row it keeps is gone")
+
+    job_kind_register("test.broken", task=f"{__name__}.resumed_task", on_failed=broken)
+    try:
+        first, second = stale_running(kind="test.broken"), stale_running(kind="test.broken")
+        with django_capture_on_commit_callbacks(execute=True):
+            assert jobs_reap() == 2
+    finally:
+        jobs._KINDS.pop("test.broken", None)
+
+    for job in (first, second):
+        job.refresh_from_db()
+        assert job.state == JobState.FAILED
+        assert job.title != "written by the broken callback"  # what it wrote before it broke is undone
+
+
+@pytest.mark.django_db
+def test_every_kind_that_keeps_a_row_in_a_state_while_its_job_runs_ends_it_when_the_reaper_fails_the_job():
+    """The NCCL test reads Running, an enrolling machine Enrolling, an apply's copies Copying the model or
+    Starting, a download's model Downloading: each kind is told when the reaper fails its job."""
+    from deployments import serving
+    from deployments.store import downloads
+    import machines.steps
+
+    for kind in (steps.NCCL_TEST.kind, machines.steps.ENROL.kind, serving.KIND, downloads.KIND):
+        assert jobs._KINDS[kind].on_failed is not None, kind
+
+
 @pytest.mark.django_db
 def test_the_reaper_leaves_a_resumable_job_with_a_recent_beat_and_a_requeued_one_alone(
         resumable, django_capture_on_commit_callbacks):
@@ -277,3 +331,44 @@ def test_the_beat_thread_is_gone_once_job_run_returns(settings):
 
     assert result.state == JobState.SUCCEEDED
     assert f"job-beat-{job.pk}" not in [t.name for t in threading.enumerate()]
+
+
+# -- what each kind ends when the reaper fails its job -------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_machine_whose_enrolment_worker_died_reads_failed_with_why_instead_of_enrolling(monkeypatch, django_capture_on_commit_callbacks):
+    import machines.steps
+    from machines.choices import MachineState
+    from tests.factories import MachineFactory
+
+    monkeypatch.setattr("console.live.push", lambda *args, **kwargs: None)
+    machine = MachineFactory(name="gpu-new", state=MachineState.ENROLLING)
+    stale_running(kind=machines.steps.ENROL.kind, target_type="machine", target_id=machine.pk)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        jobs_reap()
+
+    machine.refresh_from_db()
+    assert (machine.state, machine.state_reason) == (MachineState.FAILED, f"{STOPPED_WORKER} Run it again.")
+
+
+@pytest.mark.django_db
+def test_an_apply_given_up_on_puts_the_copies_it_claimed_or_started_back_in_the_queue(monkeypatch, django_capture_on_commit_callbacks):
+    from deployments import serving
+    from deployments.choices import CopyState
+    from deployments.models import Copy
+    from tests.builders import cluster_of, deployment_of, gpu_machine
+
+    monkeypatch.setattr("console.live.push", lambda *args, **kwargs: None)
+    deployment = deployment_of(cluster_of([gpu_machine("gpu-a", 11)]))
+    for number, state in enumerate([CopyState.COPYING, CopyState.STARTING, CopyState.SERVING], start=1):
+        Copy.objects.create(deployment=deployment, number=number, state=state, pid=4000 + number)
+    stale_running(kind=serving.KIND, target_type="deployment", target_id=deployment.pk, resumes=MAX_RESUMES)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        jobs_reap()
+
+    assert list(deployment.copy_rows.values_list("state", "pid")) == [
+        (CopyState.QUEUED, None), (CopyState.QUEUED, None), (CopyState.SERVING, 4003)]
+    assert deployment.copy_rows.get(number=1).state_reason == "Waiting for its turn to start: the worker starting it stopped."
