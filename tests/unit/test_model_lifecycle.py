@@ -10,7 +10,8 @@ from deployments.store import downloads
 from deployments.choices import MODEL_TRANSITIONS, ModelState
 from deployments.models import StoredModel
 
-ALLOWED = [(source, target) for source, targets in MODEL_TRANSITIONS.items() for target in targets]
+# Sorted: a frozenset's order differs between processes, and xdist's workers must collect the same tests in one order.
+ALLOWED = [(source, target) for source, targets in MODEL_TRANSITIONS.items() for target in sorted(targets)]
 FORBIDDEN = [(source, target) for source in ModelState for target in ModelState
              if source != target and target not in MODEL_TRANSITIONS[source]]
 
