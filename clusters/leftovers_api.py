@@ -1,20 +1,17 @@
 """REST for what deleted clusters left on a machine: POST /api/machines/<id>/free-images/ and
-/free-shared/ start the jobs the machine page's buttons start (clusters/leftovers.py), with the same
+/free-shared/ (mixed into /api/machines/ in config/machine_api.py, since machines import no cluster) start the jobs the machine page's buttons start (clusters/leftovers.py), with the same
 refusals (403 for the role, 400 with the sentence while a cluster on the machine uses them)."""
 from drf_spectacular.utils import extend_schema
-from rest_framework import status, viewsets
+from rest_framework import status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from clusters import leftovers
 from machines.api import JobSerializer
-from machines.models import Machine
 
 
-class MachineLeftoversViewSet(viewsets.GenericViewSet):
-    """Freeing a machine's runtime images and a former head's /shared (composed into /api/machines/)."""
-
-    queryset = Machine.objects.defer("facts")
+class MachineLeftoversActions:
+    """Freeing a machine's runtime images and a former head's /shared: actions of the machines' viewset."""
 
     @extend_schema(request=None, responses={202: JobSerializer})
     @action(detail=True, methods=["post"], url_path="free-images")

@@ -113,8 +113,10 @@ class NcclTestActions:
     def test(self, request, pk=None, test_id=None):
         """One NCCL test: its sizes so far while it runs, its peak and the sentence it ended with."""
         cluster = self.get_object()
-        test_id = params.parse_int(test_id, name="test_id")
-        test = NcclTest.objects.select_related("started_by").filter(cluster=cluster, pk=test_id).first()
+        # An id past the key's range names no test, as a path id past it matches no URL (console.params.IdConverter).
+        test_id = int(test_id)
+        test = NcclTest.objects.select_related("started_by").filter(cluster=cluster, pk=test_id).first() \
+            if 1 <= test_id <= params.ID_MAX else None
         if test is None:
             raise NotFound(f"{cluster.name} has no NCCL test {test_id}.")
         return Response(NcclTestSerializer(test).data)

@@ -3,18 +3,16 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.routers import DefaultRouter
 
 from config.cluster_api import ClusterApiViewSet
-from clusters.leftovers_api import MachineLeftoversViewSet
+from config.machine_api import MachineApiViewSet
 from console.audit_api import AuditEntryViewSet
 from deployments.api import DeploymentViewSet
 from deployments.gateway_api import GatewayKeyViewSet
 from deployments.store.api import ModelViewSet
 from deployments.store.hub_token_api import HfTokenView
-from machines.api import MachineViewSet
 from machines.profile_api import ProfileKeyViewSet
 
 router = DefaultRouter()
-router.register("machines", MachineViewSet, basename="machine")
-router.register("machines", MachineLeftoversViewSet, basename="machine-leftovers")  # what deleted clusters left
+router.register("machines", MachineApiViewSet, basename="machine")
 router.register("clusters", ClusterApiViewSet, basename="cluster")
 router.register("models", ModelViewSet, basename="model")
 router.register("deployments", DeploymentViewSet, basename="deployment")

@@ -125,6 +125,12 @@ def test_another_clusters_test_is_not_found_under_this_one(api_client, room):
     assert answer.json()["message"] == f"gpu-room has no NCCL test {theirs.pk}."
 
 
+@pytest.mark.parametrize("test_id", ["0", str(2**63), "9" * 19])
+def test_a_test_id_outside_the_keys_range_is_not_found_as_the_schema_says(api_client, room, test_id):
+    answer = api_client.get(f"/api/clusters/{room.pk}/tests/{test_id}/")
+    assert answer.status_code == 404, answer.content
+
+
 def test_the_detail_gives_the_last_test_or_null(api_client, room, sweep, queued):
     assert api_client.get(f"/api/clusters/{room.pk}/").json()["last_test"] is None
     finished(room)

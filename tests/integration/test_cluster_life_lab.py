@@ -23,6 +23,7 @@ from clusters.nccl_api import NcclTestSerializer
 from console import roles
 from console.choices import JOB_TERMINAL, JobState
 from console.models import Job
+from deployments import gateway_keys
 from deployments import services as deployment_services
 from deployments.choices import CopyState
 from deployments.forms import ask_from
@@ -184,7 +185,7 @@ def test_a_model_deployed_in_the_runtime_containers_is_called_scaled_and_a_kille
             assert "serve" in words and words[words.index("serve") - 1].endswith("vllm"), argv
             assert words[words.index("--served-model-name") + 1] == "tiny", argv
 
-        _, key = deployment_services.gateway_key_create(name="lab", user=operator)
+        _, key = gateway_keys.gateway_key_create(name="lab", user=operator)
         wait_for(lambda: serve_lab.chat(console, key)[0] != 401, timeout=5, what="the gateway to know the new key", every=0.2)
         status, body = serve_lab.chat(console, key)
         assert status == 200, body
