@@ -320,7 +320,7 @@ def jobs_reap(*, stale_after: timedelta | None = None) -> int:
                 task = import_string(kind.task)
                 transaction.on_commit(lambda task=task, pk=job.pk: task.delay(pk))
             else:
-                job.state, job.finished_at, job.error_kind = JobState.FAILED, now, "retryable"
+                job.state, job.finished_at, job.error_kind = JobState.FAILED, now, ErrorKind.RETRYABLE
                 job.error = f"{STOPPED_WORKER} Run it again." if not resumable else \
                     f"{STOPPED_WORKER} It was taken up again {job.resumes} times; giving up."
                 for step in job.steps:

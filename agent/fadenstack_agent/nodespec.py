@@ -2,7 +2,7 @@
 makes from it (root's SSH settings, known_hosts, the authorized key line, the profile script)::
 
     {"cluster": "gpu-room",
-     "hostfile": "198.18.1.10 slots=2\\n...",          (clusters/connection.py's texts, as they are)
+     "hostfile": "198.18.1.10 slots=2\\n...",          (clusters/connection_texts.py's, as they are)
      "cluster_env": "# ...\\nMASTER_ADDR=198.18.1.10\\n...",
      "hosts": "# fadenstack cluster nodes: begin\\n198.18.1.10 node-0\\n...# fadenstack cluster nodes: end\\n",
      "ssh": {"private_key": "-----BEGIN OPENSSH PRIVATE KEY-----...", "public_key": "ssh-ed25519 AAAA... comment",
