@@ -8,7 +8,7 @@ class ModelState(models.TextChoices):
     FAILED = "failed", "Failed"  # the download stopped; Try again resumes it where it stopped
 
 
-# A model's moves (deployments.downloads.model_transition is the one guard). A ready model stays ready
+# A model's moves (deployments.store.downloads.model_transition is the one guard). A ready model stays ready
 # until it is deleted: a new revision is a model of its own.
 MODEL_TRANSITIONS: dict[str, frozenset[str]] = {
     ModelState.DOWNLOADING: frozenset({ModelState.READY, ModelState.FAILED}),

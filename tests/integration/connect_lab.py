@@ -204,9 +204,9 @@ def check_ray_job_through_the_tunnel(cluster, *, console_url: str, token: str, h
             time.sleep(0.5)
         # The Connect card's own command, through this tunnel's port: the cluster's Ray offers no GPUs, and the
         # job (run on the head) finds the head's free GPUs in CUDA_VISIBLE_DEVICES.
-        nodes = connection.nodes_of(cluster)
-        card = connection.snippets(nodes, connection.ClusterNet.of(cluster.name, cluster.network, nodes)).ray_job_submit
-        argv = [word.replace(f":{connection.RAY_DASHBOARD_PORT}", f":{port}") for word in shlex.split(card)]
+        nodes = connection_texts.nodes_of(cluster)
+        card = connection_texts.snippets(nodes, connection_texts.ClusterNet.of(cluster.name, cluster.network, nodes)).ray_job_submit
+        argv = [word.replace(f":{connection_texts.RAY_DASHBOARD_PORT}", f":{port}") for word in shlex.split(card)]
         argv[0] = str(Path(sys.executable).with_name("ray"))
         job_dir = home / "job"
         job_dir.mkdir(exist_ok=True)

@@ -12,7 +12,7 @@ SERVER = ("config", "console", "machines", "clusters", "deployments")
 STEP_CALLS = {"step", "done", "skip"}  # JobContext's methods that take a step's name
 # The modules that define operations: each operation's steps are named once within it.
 OPERATION_MODULES = ("clusters.steps", "machines.steps", "deployments.store.downloads", "deployments.store.machine_files",
-                     "deployments.store.sources", "deployments.serving")
+                     "deployments.store.sources", "deployments.serving", "clusters.leftovers")
 
 
 def named_by_string(tree: ast.AST) -> list[int]:
