@@ -14,6 +14,7 @@ class DeploymentsConfig(AppConfig):
         from deployments.store import downloads, machine_files, sources
         from deployments.store.pages import render_model_topic, render_models_topic
         from machines.cards import machine_card_register
+        from machines.signals import machine_gpus_freed
 
         hooks.extension_register(DeploymentsExtension())
         machine_card_register("models", template="deployments/_machine_models.html", context=machine_models_card,
@@ -38,6 +39,7 @@ class DeploymentsConfig(AppConfig):
         hooks.cluster_stopping.connect(_cluster_stopping, dispatch_uid="deployments-stopping")
         hooks.cluster_running.connect(_cluster_running, dispatch_uid="deployments-running")
         hooks.members_joined.connect(_members_joined, dispatch_uid="deployments-members-joined")
+        machine_gpus_freed.connect(_machine_gpus_freed, dispatch_uid="deployments-gpus-freed")
 
 
 def _cluster_stopping(sender, cluster, deleting=False, **kwargs) -> None:
@@ -57,6 +59,15 @@ def _members_joined(sender, cluster_id, machine_ids=(), **kwargs) -> None:
     from deployments import serving
 
     serving.queued_woken(cluster_id)
+
+
+def _machine_gpus_freed(sender, machine_id, **kwargs) -> None:
+    """A person's job left a GPU: queued copies of the machine's cluster may fit there now."""
+    from clusters.models import ClusterMember
+    from deployments import serving
+
+    for cluster_id in ClusterMember.objects.filter(machine_id=machine_id).values_list("cluster_id", flat=True):
+        serving.queued_woken(cluster_id)
 
 
 def machine_models_card(machine, role) -> dict:

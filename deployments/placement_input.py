@@ -70,14 +70,19 @@ def cluster_rooms(cluster: Cluster, *, leaving_out=(), adding=()) -> list[placem
 
 
 def accelerators_held(cluster: Cluster, machine_ids: list[int]) -> Fraction:
-    """The GPUs copies hold on those machines of the cluster (a quarter of a GPU counts as a quarter)."""
+    """The GPUs copies hold on those machines of the cluster (a quarter of a GPU counts as a quarter), and
+    those a process the console did not start uses, whole: what placement counts as taken (``cluster_rooms``)."""
     wanted = set(machine_ids)
-    held = Fraction(0)
+    share: dict[tuple[int, int], Fraction] = defaultdict(Fraction)
     for slots in Copy.objects.filter(HOLDS, deployment__cluster=cluster).values_list("slots", flat=True):
         for slot in slots:
             if slot["machine"] in wanted:
-                held += len(slot["gpus"]) * Fraction(slot.get("quarters", 4), 4)
-    return held
+                for index in slot["gpus"]:
+                    share[(slot["machine"], index)] += Fraction(slot.get("quarters", 4), 4)
+    for machine_id, index in (Accelerator.objects.filter(machine_id__in=wanted).exclude(foreign_pids=[])
+                              .values_list("machine_id", "index")):
+        share[(machine_id, index)] = max(share[(machine_id, index)], Fraction(1))
+    return sum(share.values(), Fraction(0))
 
 
 def gpus_held(cluster: Cluster) -> dict[int, set[int]]:

@@ -28,7 +28,7 @@ from console.pruning import delete_in_batches
 from machines import actions, beats, remote, runtimes, steps
 from machines.choices import TRANSITIONS, EventKind, InterfaceKind, MachineState
 from machines.models import Accelerator, Machine, MachineEvent, NetworkInterface
-from machines.signals import machine_reconnected, machine_runtime_reported, machine_went_offline
+from machines.signals import machine_gpus_freed, machine_reconnected, machine_runtime_reported, machine_went_offline
 
 log = logging.getLogger(__name__)
 
@@ -336,15 +336,18 @@ def accelerators_foreign_apply(*, machine: Machine, use: dict | None) -> bool:
     any did, in which case the machine's page is pushed."""
     if use is None:
         return False
-    changed = []
+    changed, freed = [], False
     for row in machine.accelerators.only("pk", "uuid", "foreign_pids", "foreign_memory_mib"):
         pids, memory = use.get(row.uuid, ([], None)) if row.uuid else ([], None)
         if (row.foreign_pids, row.foreign_memory_mib) != (pids, memory):
+            freed = freed or (bool(row.foreign_pids) and not pids)
             row.foreign_pids, row.foreign_memory_mib = pids, memory
             changed.append(row)
     if changed:
         Accelerator.objects.bulk_update(changed, ["foreign_pids", "foreign_memory_mib"])
         machine_changed(machine)
+    if freed:
+        machine_gpus_freed.send(sender=Machine, machine_id=machine.pk)
     return bool(changed)
 
 

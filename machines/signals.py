@@ -12,3 +12,7 @@ machine_went_offline = Signal()
 # its beats began to report it, None when none). Not sent for the beat that brings a machine back
 # (machine_reconnected covers it), nor for a healthy beat like the one before it.
 machine_runtime_reported = Signal()
+
+# Sent inside the heartbeat's transaction when a GPU that a process the console did not start was using (a
+# person's own job) is free of such processes again: machine_id. Room for copies that wait for it.
+machine_gpus_freed = Signal()

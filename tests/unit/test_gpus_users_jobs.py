@@ -162,6 +162,15 @@ def test_the_gpus_copies_hold_are_asked_of_deployments_through_the_clusters_hook
     assert hooks.gpus_held(cluster) == {a.pk: {0, 1}, b.pk: {0, 3}}
 
 
+def test_free_accelerators_leave_out_a_gpu_a_persons_job_uses_as_placement_does(held_room):
+    cluster, a, b = held_room
+    before = placement_input.accelerators_held(cluster, [a.pk, b.pk])
+    # lab-a's GPU 1 a copy holds whole already, its GPU 5 nothing; a quarter of lab-b's GPU 0 is held.
+    for machine, index in ((a, 1), (a, 5), (b, 0)):
+        Accelerator.objects.filter(machine=machine, index=index).update(foreign_pids=[4121])
+    assert placement_input.accelerators_held(cluster, [a.pk, b.pk]) == before + 1 + Fraction(3, 4)
+
+
 def test_each_nodes_free_gpus_are_those_no_copy_holds_and_the_hostfile_counts_them(held_room):
     cluster, _, _ = held_room
     head, worker = connection_texts.nodes_of(cluster)

@@ -126,3 +126,18 @@ def test_only_deployments_with_queued_copies_are_woken(full, cluster, fakes, ope
     member_transition(cluster.members.get(machine__name="lab-b"), to=MemberState.JOINED)
 
     assert applies_of(chat) == applied
+
+
+def test_a_queued_copy_starts_when_a_persons_job_leaves_the_gpu_it_waited_for(cluster, fakes, operator):
+    from machines.models import Accelerator
+    from machines.services import accelerators_foreign_apply
+
+    b = cluster.members.get(machine__name="lab-b").machine
+    Accelerator.objects.filter(machine=b, index=0).update(foreign_pids=[4121])  # a person's job on one of lab-b's GPUs
+    code = deploy(cluster, operator, "code", 2, queue_rest=True)
+    assert states(code) == [CopyState.SERVING, CopyState.QUEUED]
+
+    accelerators_foreign_apply(machine=b, use={})  # lab-b's heartbeat: nothing of anyone else's on its GPUs now
+
+    assert states(code) == [CopyState.SERVING, CopyState.SERVING]
+    assert set(code.copy_rows.values_list("machine__name", flat=True)) == {"lab-a", "lab-b"}
