@@ -114,10 +114,10 @@ def machine_images_free_run(ctx: JobContext, *, machine_id: int) -> None:
             freed = agent.image_remove()
     except AgentError as exc:
         raise JobError(f"{machine.name}: {exc.message}", kind=ErrorKind.NOT_RETRYABLE) from exc
-    count = len(freed.get("removed") or [])
-    ctx.log(f"{machine.name}: {count} runtime image{'' if count == 1 else 's'} removed, {gb(freed.get('freed') or 0)} freed"
-            + "".join(f"; kept {k['digest'][:12]}: {k['why']}" for k in freed.get("kept") or [])
-            + "".join(f"; {w}" for w in freed.get("warnings") or []))
+    count = len(freed.removed)
+    ctx.log(f"{machine.name}: {count} runtime image{'' if count == 1 else 's'} removed, {gb(freed.freed)} freed"
+            + "".join(f"; kept {digest[:12]}: {why}" for digest, why in freed.kept)
+            + "".join(f"; {w}" for w in freed.warnings))
 
 
 def machine_shared_free_run(ctx: JobContext, *, machine_id: int) -> None:
@@ -131,8 +131,7 @@ def machine_shared_free_run(ctx: JobContext, *, machine_id: int) -> None:
             cleared = agent.shared_clear()
     except AgentError as exc:
         raise JobError(f"{machine.name}: {exc.message}", kind=ErrorKind.NOT_RETRYABLE) from exc
-    ctx.log(f"{machine.name}: {cleared.get('removed') or 0} files and directories removed from /shared, "
-            f"{gb(cleared.get('freed') or 0)} freed")
+    ctx.log(f"{machine.name}: {cleared.removed} files and directories removed from /shared, {gb(cleared.freed)} freed")
 
 
 def leftovers_card(machine: Machine, role: roles.Role | None) -> dict:

@@ -23,10 +23,11 @@ from fabric import Connection
 from console.choices import ErrorKind
 from machines import remote
 from machines.agent_results import (
-    AllReduceResult, CopyStatus, HeartbeatStarted, HeartbeatStatus, HubCheck, ModelList, NodeFilesChange, PlacedModel,
-    RayStatus, RuntimeStatus, SharedChange, SharedStatus, allreduce_result_from, copy_status_from, heartbeat_started_from,
-    heartbeat_status_from, hub_check_from, model_list_from, node_files_change_from, placed_model_from, ray_status_from,
-    runtime_status_from, shared_change_from, shared_status_from,
+    AllReduceResult, CopyStatus, HeartbeatStarted, HeartbeatStatus, HubCheck, ImagesRemoved, ModelList, NodeFilesChange,
+    PlacedModel, RayStatus, RuntimeStatus, SharedChange, SharedCleared, SharedStatus, allreduce_result_from, copy_status_from,
+    heartbeat_started_from, heartbeat_status_from, hub_check_from, images_removed_from, model_list_from,
+    node_files_change_from, placed_model_from, ray_status_from, runtime_status_from, shared_change_from,
+    shared_cleared_from, shared_status_from,
 )
 from machines.models import Machine
 from machines.services import machine_target
@@ -272,14 +273,13 @@ class Agent:
         the same source changes nothing, a dead one is mounted again. A head that does not answer is unreachable."""
         return shared_change_from(self._call("shared", "mount", "--head", head, "--method", method, timeout=120))
 
-    def image_remove(self) -> dict:
-        """Free the runtime images in the machine's store but the one its started runtime runs (agent 0.9):
-        ``{"removed": [{"digest", "size"}], "kept": [{"digest", "why"}], "freed", "warnings"}``."""
-        return self._call("image", "remove", timeout=300)
+    def image_remove(self) -> ImagesRemoved:
+        """Free the runtime images in the machine's store but the one its started runtime runs (agent 0.9)."""
+        return images_removed_from(self._call("image", "remove", timeout=300))
 
-    def shared_clear(self) -> dict:
-        """Empty the /shared a deleted cluster left on its former head (agent 0.9): ``{"removed", "freed"}``."""
-        return self._call("shared", "clear", timeout=300)
+    def shared_clear(self) -> SharedCleared:
+        """Empty the /shared a deleted cluster left on its former head (agent 0.9)."""
+        return shared_cleared_from(self._call("shared", "clear", timeout=300))
 
     def shared_unmount(self) -> SharedChange:
         """Take /shared away as the agent made it: a node's mount goes, the head's export goes and its files stay."""

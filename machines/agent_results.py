@@ -153,6 +153,36 @@ class SharedChange:
     raw: dict = field(repr=False)
 
 
+@dataclass(frozen=True)
+class ImagesRemoved:
+    """What ``image remove`` freed: the runtime images gone, those kept (and why), the bytes freed."""
+
+    removed: tuple[str, ...]  # the digests removed
+    kept: tuple[tuple[str, str], ...]  # (digest, why it stays)
+    freed: int
+    warnings: tuple[str, ...]
+    raw: dict = field(repr=False)
+
+
+@dataclass(frozen=True)
+class SharedCleared:
+    """What ``shared clear`` removed from a former head's /shared."""
+
+    removed: int  # files and directories
+    freed: int  # bytes
+    raw: dict = field(repr=False)
+
+
+def images_removed_from(raw: dict) -> ImagesRemoved:
+    return ImagesRemoved(removed=tuple(str(r.get("digest") or "") for r in raw.get("removed") or ()),
+                         kept=tuple((str(k.get("digest") or ""), str(k.get("why") or "")) for k in raw.get("kept") or ()),
+                         freed=int(raw.get("freed") or 0), warnings=tuple(str(w) for w in raw.get("warnings") or ()), raw=raw)
+
+
+def shared_cleared_from(raw: dict) -> SharedCleared:
+    return SharedCleared(removed=int(raw.get("removed") or 0), freed=int(raw.get("freed") or 0), raw=raw)
+
+
 def shared_status_from(raw: dict) -> SharedStatus:
     return SharedStatus(mounted=bool(raw.get("mounted")), method=str(raw.get("method") or ""),
                         source=str(raw.get("source") or ""), alive=raw.get("alive"), role=str(raw.get("role") or ""),

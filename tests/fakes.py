@@ -31,6 +31,7 @@ from pathlib import Path
 from console.choices import ErrorKind
 from machines import agent_client, agent_results
 from machines.agent_client import AgentError
+from machines.agent_results import ImagesRemoved, SharedCleared, images_removed_from, shared_cleared_from
 
 NCCL_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nccl"
 
@@ -229,15 +230,15 @@ class FakeAgent:
         return self._shared_change(changed=bool(held), method=held.get("method", ""),
                                    kept="/shared" if held.get("role") == "head" else "")
 
-    def image_remove(self) -> dict:
+    def image_remove(self) -> ImagesRemoved:
         """What ``image remove`` freed: ``image_remove`` in the machine's answers, else nothing."""
         self._fail("image_remove_error")
-        return self._answer("image_remove").get("image_remove") or {"removed": [], "kept": [], "freed": 0, "warnings": []}
+        return images_removed_from(self._answer("image_remove").get("image_remove") or {})
 
-    def shared_clear(self) -> dict:
+    def shared_clear(self) -> SharedCleared:
         """What ``shared clear`` removed: ``shared_clear`` in the machine's answers, else nothing."""
         self._fail("shared_clear_error")
-        return self._answer("shared_clear").get("shared_clear") or {"removed": 0, "freed": 0}
+        return shared_cleared_from(self._answer("shared_clear").get("shared_clear") or {})
 
     def __getattr__(self, method: str):
         # Commands that only act (start, stop, join, ...) succeed and are recorded.
