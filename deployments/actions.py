@@ -1,16 +1,14 @@
-"""Which actions deployments allow now, to which role, and when not, the sentence that says why.
+"""What deployments need of a cluster's machines beyond the role, and when not, the sentence that says why.
 
-Deploy is the cluster's action as much as the deployments' (its page offers the button): the action and
-its rule, a running cluster, are written once in ``clusters/actions.py``.
+Deploy itself is the cluster's action as much as the deployments' (its page offers the button): the action
+and its rule, a running cluster, are written once in ``clusters/actions.py``, and deployments import them
+from there.
 """
 from __future__ import annotations
 
-from clusters.actions import DEPLOY, deploy_refusal
 from deployments.store.actions import outdated_agents
 
 COPIES_AGENT = "0.5.0"  # the first agent with copy start|stop|list
-
-__all__ = ["COPIES_AGENT", "DEPLOY", "copies_agents_refusal", "deploy_refusal"]
 
 
 def copies_agents_refusal(cluster) -> str | None:

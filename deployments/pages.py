@@ -8,7 +8,8 @@ from clusters.models import ClusterMember, Transfer
 from clusters.pages import transfer_bars
 from console import roles
 from console.offers import Offer
-from deployments import actions, placement, placement_input, selectors, serving
+from clusters.actions import DEPLOY
+from deployments import placement, placement_input, selectors, serving
 from deployments.choices import CopyState
 from deployments.gateway import traffic
 from deployments.models import Deployment
@@ -22,7 +23,7 @@ def deployments_page(role: roles.Role | None, page_number: int | None = None) ->
     page = Paginator(selectors.deployments_counted(), 50).get_page(page_number)
     figures = traffic.traffic([d.pk for d in page])
     return {"page": page, "rows": [{"deployment": d, "figures": figures.get(d.pk)} for d in page],
-            "deploy": actions.DEPLOY.offer(role), "role": role}
+            "deploy": DEPLOY.offer(role), "role": role}
 
 
 def deploy_form_page(*, cluster, model, role: roles.Role | None, values: dict | None = None) -> dict:
@@ -44,7 +45,7 @@ def deploy_form_page(*, cluster, model, role: roles.Role | None, values: dict | 
         "clusters": selectors.deploy_clusters(), "models": selectors.deploy_models(), "cluster": cluster, "model": model,
         "suggestion": suggestion, "kinds": kinds, "gpu_choices": GPU_CHOICES,
         "values": initial | {k: v for k, v in (values or {}).items() if v not in (None, "")},
-        "deploy": actions.DEPLOY.offer(role), "role": role,
+        "deploy": DEPLOY.offer(role), "role": role,
     }
 
 
@@ -73,7 +74,7 @@ def deployment_page(deployment, role: roles.Role | None) -> dict:
     return {
         "deployment": deployment, "copies": copies, "serving": sum(1 for c in copies if c.state == CopyState.SERVING),
         "job": serving.active_job(deployment), "jobs": selectors.deployment_jobs(deployment),
-        "gpus_per_copy": deployment.gpus_label, "deploy": actions.DEPLOY.offer(role), "role": role,
+        "gpus_per_copy": deployment.gpus_label, "deploy": DEPLOY.offer(role), "role": role,
     }
 
 
@@ -118,7 +119,7 @@ def deployment_change_page(deployment, *, role: roles.Role | None, values: dict 
     return {
         "deployment": deployment, "cluster": deployment.cluster, "model": deployment.model, "kinds": kinds,
         "gpu_choices": GPU_CHOICES, "suggestion": {}, "values": now | {k: v for k, v in (values or {}).items() if v is not None},
-        "deploy": actions.DEPLOY.offer(role).then(Offer(not deployment.deleting_since, f"{deployment.name} is being deleted.")),
+        "deploy": DEPLOY.offer(role).then(Offer(not deployment.deleting_since, f"{deployment.name} is being deleted.")),
         "role": role,
     }
 

@@ -11,6 +11,7 @@ from django.db import transaction
 from clusters.lifecycle import cluster_locked
 from clusters.models import Cluster
 from console import roles
+from clusters.actions import DEPLOY, deploy_refusal
 from deployments import actions, engine, placement, placement_input, rollout, serving
 from deployments.asks import DeployAsk, ask_of, port_range, slot_json
 from deployments.choices import CopyState, ModelState
@@ -79,12 +80,12 @@ def deployment_create(*, ask: DeployAsk, queue_rest: bool = False, user=None) ->
 
     Copies that do not fit are refused, unless ``queue_rest``: then they wait, Queued with the plan's
     reason, and start once room appears."""
-    actions.DEPLOY.offer(roles.acting(user)).check()
+    DEPLOY.offer(roles.acting(user)).check()
     if problems := deployment_ask_problems(ask):
         raise ValidationError(problems)
     with transaction.atomic():
         cluster = cluster_locked(ask.cluster)
-        if refusal := actions.deploy_refusal(cluster):
+        if refusal := deploy_refusal(cluster):
             raise ValidationError(refusal)
         if refusal := actions.copies_agents_refusal(cluster):
             raise ValidationError(refusal)
@@ -112,7 +113,7 @@ def plan_refusal(plan: placement.Plan, copies: int) -> str:
 def deployment_scale(*, deployment: Deployment, copies: int, user=None) -> Deployment:
     """Start or stop only the difference: the copies already running are not touched. More copies than
     fit are queued with the reason (a person asked for them; they start when room appears)."""
-    actions.DEPLOY.offer(roles.acting(user)).check()
+    DEPLOY.offer(roles.acting(user)).check()
     if not 0 <= copies <= COPIES_MAX:
         raise ValidationError({"copies": f"From 0 to {COPIES_MAX} copies."})
     with transaction.atomic():
@@ -184,7 +185,7 @@ def deployment_change(*, deployment: Deployment, ask: DeployAsk, user=None) -> D
     """Change a deployment: a new number of copies starts or stops only the difference; any other change
     (model, name, GPUs, memory, context, options) replaces its copies one at a time, each new copy Serving
     before an old one stops (``rollout.roll``)."""
-    actions.DEPLOY.offer(roles.acting(user)).check()
+    DEPLOY.offer(roles.acting(user)).check()
     if ask.cluster.pk != deployment.cluster_id:
         raise ValidationError({"cluster": "A deployment stays on its cluster: deploy the model on the other one."})
     if problems := deployment_ask_problems(ask, deployment=deployment):
@@ -207,7 +208,7 @@ def deployment_change(*, deployment: Deployment, ask: DeployAsk, user=None) -> D
 def deployment_delete(*, deployment: Deployment, user=None) -> serving.Deleted:
     """Stop its copies and free their GPUs, then the record goes. When the cluster cannot be reached the
     record goes at once, and the page says its copies may still run on the machines."""
-    actions.DEPLOY.offer(roles.acting(user)).check()
+    DEPLOY.offer(roles.acting(user)).check()
     with transaction.atomic():
         deployment = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
         return serving.delete_start(deployment, user=user)

@@ -13,7 +13,8 @@ from django.views.decorators.http import require_POST
 from clusters.models import Cluster
 from console import params
 from console.roles import role_of
-from deployments import actions, forms, pages, services
+from clusters.actions import DEPLOY
+from deployments import forms, pages, services
 from deployments.models import Deployment, StoredModel
 from deployments.store.services import model_add
 
@@ -143,7 +144,7 @@ def deployment_change(request, pk: int):
     role = role_of(request.user)
     if request.method != "POST":
         return render(request, "deployments/deployment_change.html", pages.deployment_change_page(deployment, role=role))
-    actions.DEPLOY.offer(role).check()  # a Viewer is refused before anything is read
+    DEPLOY.offer(role).check()  # a Viewer is refused before anything is read
     try:
         ask = forms.change_ask_from(request.POST, deployment)
         if not services.deployment_changes(deployment, ask):
