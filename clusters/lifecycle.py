@@ -17,7 +17,7 @@ from clusters import hooks
 from clusters.choices import CLUSTER_TRANSITIONS, MEMBER_TRANSITIONS, MemberState
 from clusters.models import Cluster, ClusterMember
 from console import live
-from console.lifecycle import InvalidTransition, transition
+from console.lifecycle import InvalidTransition, sources_of, transition
 
 __all__ = ["InvalidTransition", "cluster_changed", "cluster_locked", "cluster_transition", "member_transition",
            "members_transition"]
@@ -43,11 +43,6 @@ def cluster_transition(*, cluster: Cluster, to: str, reason: str = "") -> bool:
     return transition(cluster, to=to, allowed=CLUSTER_TRANSITIONS, reason=reason, on_change=lambda: cluster_changed(cluster))
 
 
-def _sources(to: str) -> list[str]:
-    """The states a member may come from to reach ``to`` (itself included: that only refreshes the reason)."""
-    return [state for state, targets in MEMBER_TRANSITIONS.items() if to in targets or state == to]
-
-
 def members_transition(members: QuerySet[ClusterMember] | Iterable[int], *, to: str, reason: str = "",
                        only_from: Iterable[str] | None = None, push: bool = True, **fields) -> int:
     """Move members to ``to`` (with ``fields`` written alongside), each checked against the table in the
@@ -56,12 +51,12 @@ def members_transition(members: QuerySet[ClusterMember] | Iterable[int], *, to: 
     rows = members if isinstance(members, QuerySet) else ClusterMember.objects.filter(pk__in=list(members))
     if only_from is not None:
         rows = rows.filter(state__in=list(only_from))
-    refused = rows.exclude(state__in=_sources(to)).values_list("machine__name", "state").first()
+    refused = rows.exclude(state__in=sources_of(MEMBER_TRANSITIONS, to)).values_list("machine__name", "state").first()
     if refused:
         name, state = refused
         raise InvalidTransition(f"{name} cannot go from {MemberState(state).label} to {MemberState(to).label}.")
     # The state filter is in the UPDATE itself: a state the table forbids is never written.
-    allowed = rows.filter(state__in=_sources(to))
+    allowed = rows.filter(state__in=sources_of(MEMBER_TRANSITIONS, to))
     joining = list(allowed.exclude(state=to).values_list("cluster_id", "machine_id")) if to == MemberState.JOINED else []
     changed = allowed.exclude(state=to).update(state_changed_at=timezone.now())
     allowed.update(state=to, state_reason=reason, **fields)

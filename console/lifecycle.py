@@ -13,6 +13,12 @@ class InvalidTransition(Exception):
     pass
 
 
+def sources_of(allowed: Mapping[str, frozenset[str]], to: str) -> list[str]:
+    """The states the table lets a row leave for ``to`` (itself included: that only refreshes the reason): the
+    state filter of a guarded UPDATE, which then never writes a move the table forbids."""
+    return [state for state, targets in allowed.items() if to in targets or state == to]
+
+
 def transition(
     obj: models.Model,
     *,

@@ -32,7 +32,7 @@ from clusters.models import Cluster, ClusterMember
 from console import live
 from console.choices import JOB_ACTIVE, ErrorKind, JobState
 from console.jobs import JobContext, JobError, Operation, Step, job_start
-from console.lifecycle import InvalidTransition
+from console.lifecycle import InvalidTransition, sources_of
 from console.models import Job
 from deployments import copy_procs, engine, placement, placement_input
 from deployments.asks import ask_of, port_range, slot_json
@@ -68,11 +68,6 @@ def deployment_changed(deployment: Deployment | int, cluster_id: int | None = No
         cluster_changed(cluster_id, part="cards")
 
 
-def _sources(to: str) -> list[str]:
-    """The states a copy may come from to reach ``to`` (itself included: that only refreshes the reason)."""
-    return [state for state, targets in COPY_TRANSITIONS.items() if to in targets or state == to]
-
-
 def copies_transition(copies: QuerySet[Copy], *, to: str, reason: str = "", only_from=None, **fields) -> int:
     """The one way copies change state, one or many: checked against the table in the UPDATE itself (a job
     holding older objects cannot write a state the table forbids). ``only_from`` narrows who moves (the
@@ -80,13 +75,13 @@ def copies_transition(copies: QuerySet[Copy], *, to: str, reason: str = "", only
     InvalidTransition and nothing is written. Returns how many copies were written."""
     rows = copies if only_from is None else copies.filter(state__in=list(only_from))
     if only_from is None:
-        refused = rows.exclude(state__in=_sources(to)).values_list("deployment__name", "number", "state").first()
+        refused = rows.exclude(state__in=sources_of(COPY_TRANSITIONS, to)).values_list("deployment__name", "number", "state").first()
         if refused:
             name, number, state = refused
             raise InvalidTransition(f"{name} #{number} cannot go from {CopyState(state).label} to {CopyState(to).label}.")
     # The time it changed moves only for the copies whose state does: a refreshed reason keeps it.
     changed_at = Case(When(~Q(state=to), then=Value(timezone.now())), default=F("state_changed_at"))
-    return rows.filter(state__in=_sources(to)).update(state=to, state_reason=reason, state_changed_at=changed_at, **fields)
+    return rows.filter(state__in=sources_of(COPY_TRANSITIONS, to)).update(state=to, state_reason=reason, state_changed_at=changed_at, **fields)
 
 
 def copy_transition(copy: Copy, *, to: str, reason: str = "", only_from=None, **fields) -> bool:

@@ -18,7 +18,7 @@ from django.utils import timezone
 from console import live
 from console.choices import ErrorKind
 from console.jobs import JobContext, JobError, Operation, Step
-from console.lifecycle import InvalidTransition
+from console.lifecycle import InvalidTransition, sources_of
 from console.ticker import Ticker
 from deployments.choices import MODEL_TRANSITIONS, ModelState
 from deployments.models import ModelFile, StoredModel
@@ -43,17 +43,13 @@ def model_changed(model: StoredModel | int, part: str = "") -> None:
     live.push("models", part=str(pk))
 
 
-def _sources(to: str) -> list[str]:
-    return [state for state, targets in MODEL_TRANSITIONS.items() if to in targets or state == to]
-
-
 def model_transition(model: StoredModel | int, *, to: str, reason: str = "", only_from=None, **fields) -> bool:
     """The one way a model in the store changes state: checked against the table in the UPDATE itself (the
     download job, the reaper and Try again write the same row). ``only_from`` narrows the states it moves
     from (another is left as it is: False); without it a move the table forbids raises InvalidTransition.
     Nothing is written when it does not move; a model deleted meanwhile is left gone (False)."""
     pk = model if isinstance(model, int) else model.pk
-    sources = [s for s in _sources(to) if only_from is None or s in only_from]
+    sources = [s for s in sources_of(MODEL_TRANSITIONS, to) if only_from is None or s in only_from]
     if StoredModel.objects.filter(pk=pk, state__in=sources).update(state=to, state_reason=reason, **fields):
         return True
     current = StoredModel.objects.filter(pk=pk).first()
