@@ -101,7 +101,8 @@ def test_a_signal_inside_a_container_goes_to_the_pid_the_run_wrote(tmp_path):
     runner = subprocess.Popen(allreducespec.pid_wrapped(["sleep", "60"], str(pidfile)))
     try:
         deadline = time.monotonic() + 10
-        while not pidfile.exists() and time.monotonic() < deadline:
+        # The shell makes the file before it writes the pid in it: wait for the line, not for the file.
+        while not (pidfile.exists() and pidfile.read_text().endswith("\n")) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert int(pidfile.read_text()) == runner.pid  # sh became the program: the pid is the program's
         subprocess.run(allreducespec.kill_argv("TERM", str(pidfile)), check=True, timeout=10)

@@ -79,7 +79,7 @@ def wizard_creates(page, pair) -> Cluster:
         page.check(f"input[name=machines][value='{machine.pk}']")
     # Ticks in quick succession: each request carries the whole form and replaces the one in flight.
     expect(page.locator("input[name=machines]:checked")).to_have_count(2)
-    expect(page.locator("#wizard")).to_contain_text("Head")
+    expect(page.locator("#wizard")).to_contain_text("Which machine leads the cluster")
     page.click("#wizard button[value=network]")
     expect(page.locator("#wizard")).to_contain_text("The networks both machines share")
 
