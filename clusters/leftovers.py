@@ -105,15 +105,7 @@ def machine_shared_free(*, machine: Machine, user=None) -> Job:
 
 def machine_images_free_run(ctx: JobContext, *, machine_id: int) -> None:
     """The job: asked again first (a cluster may have started on the machine since), then ``image remove``."""
-    machine = Machine.objects.get(pk=machine_id)
-    FREE_IMAGES.always(ctx, machine.name)
-    if refusal := images_refusal(machine, _membership(machine)):
-        raise JobError(refusal, kind=ErrorKind.NOT_RETRYABLE)
-    try:
-        with Agent.open(machine) as agent:
-            freed = agent.image_remove()
-    except AgentError as exc:
-        raise JobError(f"{machine.name}: {exc.message}", kind=ErrorKind.NOT_RETRYABLE) from exc
+    machine, freed = _free_run(ctx, machine_id, FREE_IMAGES, images_refusal, lambda agent: agent.image_remove())
     count = len(freed.removed)
     ctx.log(f"{machine.name}: {count} runtime image{'' if count == 1 else 's'} removed, {gb(freed.freed)} freed"
             + "".join(f"; kept {digest[:12]}: {why}" for digest, why in freed.kept)
@@ -122,16 +114,21 @@ def machine_images_free_run(ctx: JobContext, *, machine_id: int) -> None:
 
 def machine_shared_free_run(ctx: JobContext, *, machine_id: int) -> None:
     """The job: asked again first, then ``shared clear`` (which refuses too while a cluster holds /shared)."""
+    machine, cleared = _free_run(ctx, machine_id, FREE_SHARED, shared_refusal, lambda agent: agent.shared_clear())
+    ctx.log(f"{machine.name}: {cleared.removed} files and directories removed from /shared, {gb(cleared.freed)} freed")
+
+
+def _free_run(ctx: JobContext, machine_id: int, step: Step, refusal_of, command):
+    """Both freeing jobs: the rule asked again, then the agent's command; its refusal ends the job in its words."""
     machine = Machine.objects.get(pk=machine_id)
-    FREE_SHARED.always(ctx, machine.name)
-    if refusal := shared_refusal(machine, _membership(machine)):
+    step.always(ctx, machine.name)
+    if refusal := refusal_of(machine, _membership(machine)):
         raise JobError(refusal, kind=ErrorKind.NOT_RETRYABLE)
     try:
         with Agent.open(machine) as agent:
-            cleared = agent.shared_clear()
+            return machine, command(agent)
     except AgentError as exc:
         raise JobError(f"{machine.name}: {exc.message}", kind=ErrorKind.NOT_RETRYABLE) from exc
-    ctx.log(f"{machine.name}: {cleared.removed} files and directories removed from /shared, {gb(cleared.freed)} freed")
 
 
 def leftovers_card(machine: Machine, role: roles.Role | None) -> dict:
