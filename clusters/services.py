@@ -277,6 +277,10 @@ def cluster_record_delete(*, cluster: Cluster) -> None:
     for machine_id in machine_ids:
         hooks.member_leaving.send(sender=Cluster, cluster=cluster, machine_id=machine_id)
     pk = cluster.pk
+    # FOR UPDATE, the one lock stronger than ours: a row being written that refers to this one (a health
+    # check, a heartbeat's) takes KEY SHARE, which FOR NO KEY UPDATE lets through, and it would then fail
+    # the delete at commit. Now such a writer waits, and finds the cluster gone.
+    Cluster.objects.select_for_update().get(pk=pk)
     cluster.delete()
     live.push("clusters", part=str(pk))
     live.push(f"cluster:{pk}")

@@ -47,3 +47,31 @@ def test_a_locked_cluster_still_takes_a_health_check_but_not_a_second_locker():
     locker.join(5)
     assert not locker.is_alive()
     assert HealthCheck.objects.filter(cluster=room).count() == 1
+
+
+def test_deleting_a_cluster_is_not_failed_by_a_health_check_written_while_it_deletes():
+    """Seen in CI: a check committed between the delete's look at what refers to the cluster and its
+    DELETE failed the delete on the foreign key at commit. The delete takes FOR UPDATE first, so such a
+    write waits for the delete and fails on its own side (the check of a cluster that is gone)."""
+    from django.db.models.signals import pre_delete
+
+    from clusters.services import cluster_record_delete
+
+    room = cluster_of([gpu_machine("lab-a", 11)])
+    writers = []
+
+    def check_written_meanwhile(sender, instance, **kwargs):  # after Django collected what refers to it
+        if instance.pk == room.pk and not writers:
+            writers.append(in_thread(lambda: HealthCheck.objects.create(cluster_id=room.pk, trigger=CheckTrigger.HEARTBEAT),
+                                     timeout=0.5))
+
+    pre_delete.connect(check_written_meanwhile, sender=Cluster)
+    try:
+        with transaction.atomic():
+            cluster_record_delete(cluster=Cluster.objects.get(pk=room.pk))
+    finally:
+        pre_delete.disconnect(check_written_meanwhile, sender=Cluster)
+    written, writer = writers[0]
+    writer.join(5)
+    assert not written, "the check was written while the delete held the cluster"
+    assert not Cluster.objects.filter(pk=room.pk).exists()
