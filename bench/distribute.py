@@ -45,6 +45,7 @@ def console_env(port: int) -> tuple[Path, int]:
         DATABASE_URL=f"sqlite:///{data_dir}/bench.sqlite3",
         REDIS_URL=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"),
         FADEN_CONSOLE_URL=f"http://198.18.0.1:{port}",
+        FADEN_AGENT_TLS_URL=f"https://198.18.0.1:{port + 1}",  # the agents' TLS listener (lab_and_console)
         FADEN_CELERY_EAGER="1",
         DJANGO_SETTINGS_MODULE="config.settings",
         FADEN_LOG_LEVEL="WARNING",
@@ -65,6 +66,11 @@ def lab_and_console(spec: Path, port: int, server_mbit: int):
     lab.up(spec)
     web = subprocess.Popen([sys.executable, "-m", "daphne", "-v", "0", "-b", "198.18.0.1", "-p", str(port), "config.asgi:application"],
                            cwd=ROOT, stderr=subprocess.DEVNULL)
+    # The machines fetch the first copy over TLS to the pinned certificate, from the agents' listener as faden serve runs it.
+    from console.management.commands.serve import agents_argv
+
+    web.agents = subprocess.Popen(agents_argv(sys.executable, bind="198.18.0.1", port=port + 1), cwd=ROOT,
+                                  stderr=subprocess.DEVNULL)
     # The server's link: everything the console sends to the machines leaves through the bridge.
     sh("tc", "qdisc", "replace", "dev", "flb-mgmt", "root", "tbf", "rate", f"{server_mbit}mbit",
        "burst", "256kb", "latency", "100ms")
@@ -100,6 +106,7 @@ def main() -> None:
     from clusters.fanout import ProgressBoard
     from clusters.models import Cluster, ClusterMember, Transfer
     from clusters.transfer import distribute
+    from console import agent_tls
     from console.jobs import JobContext, job_create
     from machines import remote
     from machines.agent_client import Agent, FileSource, FileSpec
@@ -140,13 +147,13 @@ def main() -> None:
         # The naive way: every machine from the server.
         clear_stores()
         spec = FileSpec(digest=image.digest, size=image.size_bytes, chunk_size=image.chunk_size, chunk_hashes=image.chunk_hashes)
-        source_url = f"http://198.18.0.1:{port}/agent/images/{image.digest}/"
+        source_url = f"https://198.18.0.1:{port + 1}/agent/images/{image.digest}/"  # as the console gives it
 
         def naive_fetch(machine) -> int:
             grant = images.ImageGrant(digest=image.digest, cluster_id=cluster.pk, machine_id=machine.pk)
             token = images.image_download_token(grant=grant, lifetime=3600)
             with Agent.open(machine) as agent:
-                return agent.file_fetch(spec, FileSource(url=source_url, token=token), timeout=3600)
+                return agent.file_fetch(spec, FileSource(url=source_url, token=token, pin=agent_tls.pin()), timeout=3600)
 
         started = time.monotonic()
         with ThreadPoolExecutor(len(machines)) as pool:
@@ -154,8 +161,9 @@ def main() -> None:
         naive_seconds = time.monotonic() - started
     finally:
         sh("tc", "qdisc", "del", "dev", "flb-mgmt", "root", check=False)
-        web.terminate()
-        web.wait(timeout=30)
+        for process in (web, web.agents):
+            process.terminate()
+            process.wait(timeout=30)
         lab.down()
 
     size = image.size_bytes

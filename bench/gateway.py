@@ -5,6 +5,7 @@
     .venv/bin/python bench/gateway.py --engine lab                     # the lab's vllm stand-in (lab/stubs/vllm)
     .venv/bin/python bench/gateway.py --engine-url http://127.0.0.1:8100 --model llama   # an engine already running
     .venv/bin/python bench/gateway.py --tokens 64 --pause 0.005 --json out.json
+    .venv/bin/python bench/gateway.py --tls                            # mutual TLS to the copy against plain
 
 It makes a console of its own (SQLite in a temporary directory, Redis at REDIS_URL under a prefix of
 its own), records one deployment whose one serving copy is the engine, and a key; starts the gateway as
@@ -17,6 +18,12 @@ more than the gateway). It reports:
 - time to the first chunk of a stream, through the gateway against direct;
 - requests per second at 16 concurrent through the gateway against direct (goal: at least 70 %), with
   the CPU the engine, the gateway and this client each used: they share this machine's cores.
+
+``--tls`` measures what mutual TLS between the gateway and a copy adds instead: two builtin engines, one plain
+and one serving HTTPS with a certificate of the console's authority and requiring a client certificate (as a
+copy behind TLS does), each the one copy of a deployment of its own on the same gateway; whole answers through
+the gateway to each, on kept-alive connections, one at a time and 16 at a time. It reports the added latency
+p50 and p99 (goal: at most 0.3 ms at p50) and the requests per second at 16 concurrent against plain.
 
 The engine answers ``--tokens`` words (16), ``--pause`` seconds apart when streamed (0: as fast as it
 can, the gateway's share at its largest). ``--engine lab`` runs ``lab/stubs/vllm`` on a tiny model it
@@ -48,6 +55,9 @@ sys.path.insert(0, str(ROOT))
 PYTHON = sys.executable
 MODEL = "bench"
 GOALS = {"added_p50_ms": 3.0, "added_p99_ms": 15.0, "rps_ratio": 0.70}
+TLS_MODEL = "bench-tls"
+TLS_GOAL_P50_MS = 0.3
+TLS_ROUNDS = 10
 
 
 def free_port() -> int:
@@ -141,6 +151,95 @@ def console_setup(work: Path, engine_url: str, redis_url: str, prefix: str) -> t
     return secret, env
 
 
+def tls_engine_start(args, work: Path) -> tuple[int, subprocess.Popen]:
+    """The second builtin engine, behind mutual TLS: its key made here, its certificate signed by the bench's
+    console authority (console/pki.py) for 127.0.0.1, client certificates of that authority required; recorded
+    as the one copy (``tls``) of a deployment of its own."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    from django.utils import timezone
+
+    import ipaddress
+
+    from console import pki
+    from deployments.models import Copy
+    from tests.builders import cluster_of, deployment_of, gpu_machine, ready_model
+
+    directory = work / "copy-tls"
+    directory.mkdir(mode=0o700)
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+           .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+           .sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM).decode())
+    (directory / "copy.pem").write_text(pki.sign_request(csr, address="127.0.0.1", role="copy").pem)
+    (directory / "copy.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                           serialization.NoEncryption()))
+    (directory / "ca.pem").write_text(pki.ca_pem())
+    port = free_port()
+    argv = [PYTHON, "-m", "tests.upstreams", "--port", str(port), "--name", "engine-tls", "--tokens", str(args.tokens),
+            "--pause", str(args.pause), "--tls-dir", str(directory)]
+    process = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(work / "engine-tls.log", "w"),
+                               start_new_session=True)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"The engine behind TLS did not listen on port {port}: see {work / 'engine-tls.log'}")
+            time.sleep(0.1)
+    deployment = deployment_of(cluster_of([gpu_machine("bench-b", 12)], name="bench-tls"), ready_model("org/bench-tls"),
+                               name=TLS_MODEL)
+    Copy.objects.create(deployment=deployment, number=1, state="serving", address="127.0.0.1", port=port, tls=True,
+                        serving_since=timezone.now())
+    return port, process
+
+
+def merged(total: dict | None, one: dict) -> dict:
+    """Rounds of one path put together: requests, seconds, latencies, and CPU as cores used over all of it."""
+    if total is None:
+        return dict(one, cpu_seconds={name: cores * one["seconds"] for name, cores in one["cpu"].items()})
+    seconds = total["seconds"] + one["seconds"]
+    cpu_seconds = {name: total["cpu_seconds"][name] + one["cpu"][name] * one["seconds"] for name in one["cpu"]}
+    requests = total["requests"] + one["requests"]
+    return {"requests": requests, "failed": total["failed"] + one["failed"], "seconds": seconds, "rps": requests / seconds,
+            "latency": sorted(total["latency"] + one["latency"]), "first": sorted(total["first"] + one["first"]),
+            "cpu_seconds": cpu_seconds, "cpu": {name: value / seconds for name, value in cpu_seconds.items()}}
+
+
+def tls_report(results: dict) -> dict:
+    """Mutual TLS to the copy against plain, both through the gateway."""
+    one, many = results[1], results[16]
+    added_p50 = quantile(one["tls"]["latency"], .5) - quantile(one["plain"]["latency"], .5)
+    added_p99 = quantile(one["tls"]["latency"], .99) - quantile(one["plain"]["latency"], .99)
+    ratio = many["tls"]["rps"] / many["plain"]["rps"]
+    lines = [f"Machine: {platform.machine()}, {psutil.cpu_count()} CPUs, Python {platform.python_version()}", "",
+             f"{'conc':>5}  {'copy':<7}{'requests':>9}{'req/s':>9}{'p50':>11}{'p99':>11}   CPU (cores): engine / gateway / client"
+             "   CPU per request (us): engine / gateway"]
+    for concurrency, pair in results.items():
+        for path in ("plain", "tls"):
+            r = pair[path]
+            cpu = " / ".join(f"{r['cpu'].get(name, float('nan')):.2f}" for name in ("engine", "gateway", "client"))
+            per = " / ".join(f"{r['cpu'].get(name, float('nan')) / r['rps'] * 1e6:.0f}" for name in ("engine", "gateway"))
+            lines.append(f"{concurrency:>5}  {path:<7}{r['requests']:>9}{r['rps']:>9.0f}{ms(quantile(r['latency'], .5)):>11}"
+                         f"{ms(quantile(r['latency'], .99)):>11}   {cpu:<36}{per}{f'  ({r['failed']} failed)' if r['failed'] else ''}")
+    verdict = "meets the goal" if added_p50 * 1000 <= TLS_GOAL_P50_MS else "MISSES the goal"
+    lines += ["", f"Added by mutual TLS to the copy, kept-alive connections, 1 concurrent: p50 {added_p50 * 1000:.3f} ms "
+                  f"(goal <= {TLS_GOAL_P50_MS} ms: {verdict}), p99 {added_p99 * 1000:.3f} ms",
+              f"Requests per second at 16 concurrent: {many['tls']['rps']:.0f} behind TLS, {many['plain']['rps']:.0f} plain: "
+              f"{ratio:.0%}"]
+    print("\n".join(lines))
+    gateway_us = {path: many[path]["cpu"]["gateway"] / many[path]["rps"] * 1e6 for path in ("plain", "tls")}
+    print(f"The gateway's CPU per request at 16 concurrent: {gateway_us['tls']:.0f} us behind TLS, {gateway_us['plain']:.0f} us plain")
+    return {"tls_added_p50_ms": added_p50 * 1000, "tls_added_p99_ms": added_p99 * 1000, "tls_rps_ratio": ratio,
+            "gateway_cpu_us_tls": gateway_us["tls"], "gateway_cpu_us_plain": gateway_us["plain"],
+            "tls_rps": many["tls"]["rps"], "plain_rps": many["plain"]["rps"]}
+
+
 def gateway_start(work: Path, env: dict) -> tuple[str, subprocess.Popen]:
     from console.management.commands.serve import gateway_argv
 
@@ -203,8 +302,8 @@ class Connection:
             self.writer.close()
 
 
-def request_bytes(url: str, secret: str | None, *, stream: bool) -> bytes:
-    body = json.dumps({"model": MODEL, "stream": stream, "max_tokens": 16,
+def request_bytes(url: str, secret: str | None, *, stream: bool, model: str | None = None) -> bytes:
+    body = json.dumps({"model": model or MODEL, "stream": stream, "max_tokens": 16,
                        "messages": [{"role": "user", "content": "Say something about gateways."}]}).encode()
     host = url.removeprefix("http://")
     auth = f"Authorization: Bearer {secret}\r\n".encode() if secret else b""
@@ -328,7 +427,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20000, help="requests per run at most")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per run at most")
     parser.add_argument("--json", help="write the figures to this file too")
+    parser.add_argument("--tls", action="store_true", help="mutual TLS to the copy against plain, through the gateway")
     args = parser.parse_args()
+    if args.tls and (args.engine != "builtin" or args.engine_url):
+        parser.error("--tls runs the builtin engine twice (plain and behind TLS): leave out --engine and --engine-url")
     MODEL = args.model
 
     try:
@@ -346,11 +448,33 @@ def main() -> None:
         if engine is not None:
             started.append(engine)
         secret, env = console_setup(work, engine_url, redis_url, prefix)
+        if args.tls:
+            _, engine_tls = tls_engine_start(args, work)
+            started.append(engine_tls)
         gateway_url, gateway = gateway_start(work, env)
         started.append(gateway)
         processes = {"gateway": gateway_worker(gateway), "client": psutil.Process()}
         if engine is not None:
             processes["engine"] = psutil.Process(engine.pid)
+        if args.tls:
+            # Plain and TLS in alternating short rounds (the order swapped each round), so that what else runs on
+            # the machine weighs on both alike; the rounds of each are put together.
+            results = {}
+            paths = (("plain", MODEL, engine.pid), ("tls", TLS_MODEL, engine_tls.pid))
+            for concurrency in (1, 16):
+                pair = {}
+                for turn in range(TLS_ROUNDS):
+                    for path, model, pid in (paths if turn % 2 == 0 else paths[::-1]):
+                        processes["engine"] = psutil.Process(pid)
+                        request = request_bytes(gateway_url, secret, stream=False, model=model)
+                        one = measure(gateway_url, request, processes, concurrency=concurrency,
+                                      requests=args.requests // TLS_ROUNDS, seconds=args.seconds / TLS_ROUNDS)
+                        pair[path] = merged(pair.get(path), one)
+                results[concurrency] = pair
+            summary = tls_report(results)
+            if args.json:
+                Path(args.json).write_text(json.dumps({"summary": summary}, indent=2))
+            return
         results = {}
         for kind in ("whole", "stream"):
             for concurrency in (1, 16):

@@ -10,6 +10,13 @@ lab-b and lab-c on Podman, imports the lab's real builds, then for each run: cle
 image file, nothing loaded, Podman's images removed), creates a cluster and times it to Running ("cold");
 stops and deletes it, creates it again and times it ("warm": the image is on the machines). The lab goes
 down at the end.
+
+    sudo .venv/bin/python bench/start.py --encrypted-vs-plain [--runs 3]
+
+times warm starts only, each run one cluster encrypted (Ray's TLS and the copies' certificates: the steps
+"Issue certificates" and Ray with RAY_USE_TLS, as every new cluster starts) and one plain (a cluster as one
+started before encryption reads: no certificates, Ray without TLS), in alternating order, and prints what
+encryption adds to create -> Running (issue 27's goal: at most 2 s). Both have the token and the firewall.
 """
 import argparse
 import os
@@ -27,6 +34,8 @@ MACHINES = ("lab-a", "lab-b", "lab-c")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--encrypted-vs-plain", action="store_true",
+                        help="warm starts only: encrypted against plain, alternating")
     args = parser.parse_args()
 
     data_dir = Path(tempfile.mkdtemp(prefix="fadenstack-bench-"))
@@ -65,6 +74,8 @@ def main() -> None:
                 services.cluster_delete(cluster=cluster)
                 wait_for(lambda: not Cluster.objects.filter(pk=cluster.pk).exists(), timeout=180, what=f"{name} to go")
 
+            if args.encrypted_vs_plain:
+                return encrypted_vs_plain(args.runs, timed, gone, Cluster)
             for run in range(args.runs):
                 leave_nothing_running(machines)
                 for machine in machines:  # not in Podman's storage either: a machine that never had it
@@ -86,6 +97,32 @@ def main() -> None:
           f"(worst {max(warm):.1f})")
     print("runtime container with Ray idle: " + ", ".join(f"{name} {used}" for name, used in memory.items()))
     assert Cluster.objects.filter(state=ClusterState.RUNNING).count() == 0
+
+
+def encrypted_vs_plain(runs: int, timed, gone, cluster_model) -> None:
+    """Warm create -> Running, encrypted and plain alternately (the first start of all, which puts the image
+    on the machines, is not counted). A plain cluster is made by the model's defaults (its encryption off),
+    as a cluster from before encryption reads."""
+    fields = [cluster_model._meta.get_field(name) for name in ("ray_tls", "model_tls")]
+
+    def start(name: str, encrypted: bool) -> float:
+        for field in fields:
+            field.default = encrypted
+        try:
+            return timed(name)
+        finally:
+            gone(name)
+
+    start("warmup", True)
+    seconds = {True: [], False: []}
+    for run in range(runs):
+        for encrypted in ((True, False) if run % 2 == 0 else (False, True)):
+            seconds[encrypted].append(start(f"{'tls' if encrypted else 'plain'}-{run}", encrypted))
+        print(f"run {run + 1}: encrypted {seconds[True][-1]:.1f} s, plain {seconds[False][-1]:.1f} s", flush=True)
+    tls, plain = statistics.median(seconds[True]), statistics.median(seconds[False])
+    print(f"create -> Running, 3 machines on Podman, image already there, {runs} runs each: encrypted median "
+          f"{tls:.1f} s (worst {max(seconds[True]):.1f}), plain median {plain:.1f} s (worst {max(seconds[False]):.1f}); "
+          f"encryption adds {tls - plain:+.1f} s (goal: at most 2 s)")
 
 
 if __name__ == "__main__":

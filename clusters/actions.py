@@ -13,12 +13,7 @@ from clusters.steps import CANCELLABLE_KINDS
 from console import roles
 from console.models import Job
 from console.offers import ALLOWED, Offer
-from console.roles import OPERATOR, Action
-
-# What is true today: a machine cannot be drained yet; stopping the cluster frees every machine and keeps
-# the deployments, which come back with Start.
-DRAIN_UNAVAILABLE = ("Draining a machine is not available yet: stop the cluster to free its machines (the "
-                     "deployments are kept and start again with it), or scale a deployment down to run fewer copies.")
+from console.roles import ADMINISTRATOR, OPERATOR, Action
 
 # Who may do each action, and how a refusal names it.
 CREATE = Action("creating a cluster", OPERATOR)
@@ -34,6 +29,8 @@ NETWORK = Action("changing a cluster's network", OPERATOR)
 # Deploying is offered on the cluster's page and done by deployments (which import both from here): the
 # action and its rule are written once.
 DEPLOY = Action("deploying models", OPERATOR)
+# Engine options that run code or read files on the machines (deployments/engine.py ADMINISTRATOR_OPTIONS).
+DECIDE_ENGINE_OPTIONS = Action("giving engine options that run code or read files on the machines", ADMINISTRATOR)
 DEPLOYS_ON = frozenset({ClusterState.RUNNING})  # the states of a cluster models are deployed on
 REMOVE = Action("removing a machine from a cluster", OPERATOR)
 
@@ -95,19 +92,40 @@ def deploy_refusal(cluster: Cluster) -> str | None:
     return f"{cluster.name} is {cluster.get_state_display().lower()}: models are deployed on a running cluster."
 
 
-def member_remove(cluster: Cluster, member: ClusterMember, *, count: int, busy: Job | None, role: roles.Role | None) -> Offer:
+def member_remove(cluster: Cluster, member: ClusterMember, *, count: int, busy: Job | None, role: roles.Role | None,
+                  drained: bool = False) -> Offer:
     """Remove from cluster: on a stopped cluster any machine leaves the record (the head too); on a
-    running one only a machine that did not join, since it serves nothing. Others leave by a drain."""
+    running one only a machine that did not join, since it serves nothing, or one a drain emptied
+    (``drained``: the drain of Remove from cluster, in deployments). Others leave by that drain."""
     name = member.machine.name
     refusal = ""
     if cluster.state != ClusterState.STOPPED and member.role == Role.HEAD:
         refusal = f"{name} leads {cluster.name}: to take out the head, stop the cluster first."
-    elif cluster.state != ClusterState.STOPPED and member.state != MemberState.FAILED:
+    elif cluster.state != ClusterState.STOPPED and member.state != MemberState.FAILED and not drained:
         refusal = (f"{cluster.name} is {cluster.get_state_display()}: a machine that joined leaves a running cluster by "
-                   f"a drain, which is not available yet. Stop the cluster to take {name} out of its record now.")
+                   f"a drain first. Remove from cluster shows {name}'s drain plan before anything moves.")
     elif count == 1:
         refusal = f"{name} is the only machine of {cluster.name}: delete the cluster instead."
     return _offer(cluster, REMOVE, role, not refusal, refusal, busy=busy, what="Remove it")
+
+
+# The drain's refusals in the product's words, here and in deployments' drain (its plan card and its start).
+HEAD_DRAIN = "{name} leads {cluster}: the cluster cannot run without it. Stop the cluster instead, or drain the other machines."
+NOT_RUNNING_DRAIN = "{cluster} is {state}: nothing runs on its machines, so there is nothing to drain."
+
+
+def member_drain(cluster: Cluster, member: ClusterMember) -> Offer:
+    """Drain, and Remove from cluster on a running cluster: both open the drain plan (deployments), which checks
+    the role, the agents and what runs; here, what the cluster's state already says."""
+    name = member.machine.name
+    if cluster.state != ClusterState.RUNNING:
+        return Offer(False, NOT_RUNNING_DRAIN.format(cluster=cluster.name, state=cluster.get_state_display().lower()))
+    if member.role == Role.HEAD:
+        return Offer(False, HEAD_DRAIN.format(name=name, cluster=cluster.name))
+    if member.state != MemberState.JOINED:
+        return Offer(False, f"{name} is not up in {cluster.name} ({member.get_state_display().lower()}): "
+                            "nothing runs on it to drain.")
+    return ALLOWED
 
 
 def page_flags(cluster: Cluster) -> dict[str, bool]:

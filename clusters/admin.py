@@ -1,8 +1,8 @@
 from django import forms
 from django.contrib import admin
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 
-from clusters.models import Cluster, ClusterMember, HealthCheck, NcclTest, RuntimeImage
+from clusters.models import Cluster, ClusterMember, HealthCheck, NcclTest, NodeCertificate, RuntimeImage
 from clusters.validators import name_taken, validate_cluster_name
 from console.admin import RecordAdmin, RecordInline
 
@@ -103,3 +103,47 @@ class RuntimeImageAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False  # its file stays in the store, and members point at it
+
+
+@admin.register(NodeCertificate)
+class NodeCertificateAdmin(RecordAdmin):
+    """The certificates signed for node logins, by cluster; Take back revokes the selected ones at once
+    (clusters/node_logins.py: the cluster's revocation list goes to its machines, an audit entry each)."""
+
+    list_display = ["serial", "cluster", "username", "key_id", "valid_before", "revoked_at", "revoked_reason"]
+    list_filter = ["cluster", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["certificate__username", "certificate__key_id", "cluster__name"]
+    list_select_related = ["certificate", "cluster"]
+    actions = ["take_back"]
+
+    @admin.display(description="Serial", ordering="certificate_id")
+    def serial(self, row: NodeCertificate) -> int:
+        return row.certificate_id
+
+    @admin.display(description="User", ordering="certificate__username")
+    def username(self, row: NodeCertificate) -> str:
+        return row.certificate.username
+
+    @admin.display(description="Key id")
+    def key_id(self, row: NodeCertificate) -> str:
+        return row.certificate.key_id
+
+    @admin.display(description="Valid until", ordering="certificate__valid_before")
+    def valid_before(self, row: NodeCertificate):
+        return row.certificate.valid_before
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a row taken back must stay for its serial to stay in the list
+
+    @admin.action(description="Take back the selected node logins")
+    def take_back(self, request, queryset):
+        from clusters import node_logins
+
+        done = 0
+        for row in queryset.select_related("cluster"):
+            try:
+                node_logins.node_login_revoke(cluster=row.cluster, serial=row.certificate_id, user=request.user)
+                done += 1
+            except (PermissionDenied, ValidationError) as refused:
+                self.message_user(request, " ".join(getattr(refused, "messages", [str(refused)])), level="error")
+        self.message_user(request, f"Took back {done} node login(s): each cluster's revocation list goes to its machines now.")

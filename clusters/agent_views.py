@@ -19,6 +19,7 @@ from django.views.decorators.http import require_http_methods
 
 from clusters import images
 from clusters.models import RuntimeImage
+from console.agent_tls import agents_over_tls
 from console.params import shown
 
 PIECE_SIZE = 1024 * 1024
@@ -103,6 +104,7 @@ def open_whole(path, size: int) -> int | None:
 
 @login_not_required
 @require_http_methods(["GET", "HEAD"])
+@agents_over_tls
 def runtime_image_download(request: HttpRequest, digest: str):
     """A runtime image for a machine, with ``Range`` support: ``Authorization: Bearer <image download token>``."""
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from clusters import choosing, hooks, planning, selectors, services, steps
 from clusters.choices import MemberState, Role
 from clusters.connection_api import ConnectionSerializer, connection_fields
+from clusters.encryption_api import EncryptionSerializer, encryption_field
 from clusters.models import Cluster, ClusterMember, HealthCheck, Transfer
 from clusters.nccl_api import NcclTestSerializer, last_test
 from clusters.pages import network_view
@@ -117,9 +118,14 @@ class ClusterDetailSerializer(ClusterSerializer):
     connection_reason = serializers.SerializerMethodField(help_text="Why connection is null (Waiting for lab-b to be Up.); empty otherwise")
 
     last_test = serializers.SerializerMethodField(help_text="The newest NCCL test (GET tests/<id>/ for one), null before any")
+    encryption = serializers.SerializerMethodField(help_text="What the encryption card says: Ray, model traffic, certificates")
 
     class Meta(ClusterSerializer.Meta):
-        fields = [*ClusterSerializer.Meta.fields, "connection", "connection_reason", "last_test"]
+        fields = [*ClusterSerializer.Meta.fields, "connection", "connection_reason", "last_test", "encryption"]
+
+    @extend_schema_field(EncryptionSerializer())
+    def get_encryption(self, cluster):
+        return encryption_field(cluster)
 
     @extend_schema_field(NcclTestSerializer(allow_null=True))
     def get_last_test(self, cluster):
@@ -373,16 +379,18 @@ class ClusterViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     @extend_schema(
         parameters=[OpenApiParameter("machine_id", int, OpenApiParameter.PATH, description="The machine's id")],
-        request=None, responses={200: ClusterJobSerializer},
+        request=None, responses={202: ClusterJobSerializer},
     )
     @action(detail=True, methods=["delete"], url_path=r"machines/(?P<machine_id>[0-9]{1,19})")
     def remove_machine(self, request, pk=None, machine_id=None):
         """Remove a machine from a stopped cluster's record (nothing runs, so nothing is stopped). Answers
-        the cluster as it is now: when the head left, the machine with the most accelerators leads."""
+        the cluster as it is now: when the head left, the machine with the most accelerators leads. The job
+        takes the cluster's settings off the machine (at its next contact when it is away) and gives the
+        others a new node key."""
         cluster = self.get_object()
         machine_id = params.parse_int(machine_id, name="machine_id")
-        services.cluster_member_remove(cluster=cluster, machine_id=machine_id, user=request.user)
-        return self._answer(cluster, None)
+        job = services.cluster_member_remove(cluster=cluster, machine_id=machine_id, user=request.user)
+        return self._answer(cluster, job)
 
     @extend_schema(request=None, responses={200: HealthCheckSerializer(many=True)})
     @action(detail=True, methods=["get"], url_path="health-checks")

@@ -27,6 +27,8 @@ class ClustersConfig(AppConfig):
         job_kind_register(steps.REJOIN.kind, task=task, resumable=True, on_failed=members_abandoned)
         job_kind_register(steps.STOP.kind, task=task, resumable=True, on_failed=stop_abandoned)
         job_kind_register(steps.DELETE.kind, task=task, resumable=True, on_failed=stop_abandoned)
+        job_kind_register(steps.LEAVE.kind, task=task, resumable=True)
+        job_kind_register(steps.RENEW.kind, task=task, resumable=True)
         job_kind_register(steps.PROBE_KIND, task="clusters.tasks.network_probe")
         job_kind_register(steps.NCCL_TEST.kind, task="clusters.tasks.nccl_test", on_failed=nccl_tests.nccl_test_abandoned)
         job_kind_register(leftovers.IMAGES_KIND, task="clusters.tasks.machine_images_free")
@@ -45,5 +47,15 @@ class ClustersConfig(AppConfig):
             heartbeats.cluster_heartbeat_runtime(machine_id=machine_id, name=name, failure=failure, failing_since=failing_since)
 
         machine_reconnected.connect(reconnected, dispatch_uid="clusters-reconnected", weak=False)
+        # Node logins taken back when their holder may no longer log in; a machine back gets what it missed.
+        from clusters import node_logins
+        from console.jobs import task_enqueue
+
+        node_logins.connect_signals()
+
+        def came_back(sender, *, machine_id: int, **kwargs) -> None:
+            task_enqueue("clusters.tasks.machine_came_back", machine_id)
+
+        machine_reconnected.connect(came_back, dispatch_uid="clusters-came-back", weak=False)
         machine_went_offline.connect(went_offline, dispatch_uid="clusters-went-offline", weak=False)
         machine_runtime_reported.connect(runtime_reported, dispatch_uid="clusters-runtime-reported", weak=False)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from clusters import connection_texts
+from clusters import connection_texts, node_logins
 from clusters.choices import ClusterState, MemberState, Role
 from clusters.connection_texts import ClusterNet, Node, NotConnectable, Snippets
 from clusters.models import Cluster
@@ -181,5 +181,7 @@ def node_login_certificate(*, user, cluster: Cluster, public_key: str = "", key_
     nodes = (reach.node(node),) if one else reach.nodes
     principals = sshd.login_principals(cluster_id=cluster.pk,
                                        machine_ids=[reach.machine_ids[n.machine] for n in nodes] if one else None)
-    issued = ssh_certificates.certificate_issue(user=user, public_key=public_key, cluster=cluster.name, principals=principals)
+    issued = ssh_certificates.certificate_issue(
+        user=user, public_key=public_key, cluster=cluster.name, principals=principals,
+        on_signed=lambda row: node_logins.node_login_record(cluster=cluster, certificate=row))
     return NodeLogin(issued=issued, nodes=nodes, reach=reach)

@@ -145,3 +145,16 @@ def on_every_agent(machines: Sequence[Machine], call: Callable[[Agent], object])
 
     each(machines, one)
     return outcomes
+
+
+def missed_by(machines: Sequence[Machine], call: Callable[[Agent], object]) -> list[tuple[Machine, str]]:
+    """``call`` on every machine that is not offline, all at once (``on_every_agent``); the machines it was not
+    done on, each with why in a few words ("it is offline", or its agent's own words)."""
+    outcomes = on_every_agent([m for m in machines if m.state != MachineState.OFFLINE], call)
+    missed: list[tuple[Machine, str]] = []
+    for machine in machines:
+        if machine.state == MachineState.OFFLINE:
+            missed.append((machine, "it is offline"))
+        elif (error := outcomes[machine.pk][1]) is not None:
+            missed.append((machine, error.message.rstrip(".")))
+    return missed

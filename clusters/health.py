@@ -165,6 +165,9 @@ def cluster_check_run(*, cluster_id: int, trigger: str, detail: str = "", first_
     members = sorted(cluster.members.select_related("machine").defer("machine__facts").order_by("machine__name"), key=head_first)
     looked, answers = look(cluster, members)
     findings = policy.diagnose(looked)
+    if drained := hooks.held_out_of_ray(cluster):  # Ray let a drained node go: not a fault, nothing to repair
+        held = {m.pk for m in members if m.machine_id in drained}
+        findings = [f for f in findings if not (f.problem == policy.OUT_OF_RAY and f.member_id in held)]
     first = HealthCheck.objects.filter(pk=first_look_id).first() if first_look_id else None
     confirmed = first is not None and policy.seen_twice(findings, ((f["machine"], f["problem"]) for f in first.found))
     exhausted = [m.pk for m in members if m.rejoin_attempts >= settings.FADEN_RESTART_ATTEMPTS]

@@ -107,6 +107,29 @@ def extension_cards() -> list[PageCard]:
     return [card for extension in _extensions.values() for card in extension.page_cards()]
 
 
+def held_out_of_ray(cluster) -> set[int]:
+    """The machines of the cluster an app drained (deployments: a machine's drain), by id: Ray lets a drained node
+    go, and a health check must not join it again. An extension without ``held_out_of_ray`` holds none."""
+    held: set[int] = set()
+    for extension in _extensions.values():
+        ask = getattr(extension, "held_out_of_ray", None)
+        if ask is not None:
+            held |= set(ask(cluster))
+    return held
+
+
+def machine_notes(cluster) -> dict[int, dict]:
+    """What an app says of each machine of the cluster beside its state (deployments: its drain: ``label``,
+    ``badge``, ``reason``, and whether ``stop`` or ``cancel`` applies), by machine id. An extension without
+    ``machine_notes`` says nothing."""
+    notes: dict[int, dict] = {}
+    for extension in _extensions.values():
+        ask = getattr(extension, "machine_notes", None)
+        if ask is not None:
+            notes.update(ask(cluster))
+    return notes
+
+
 def gpus_held(cluster) -> dict[int, set[int]]:
     """Every GPU index held on each machine of the cluster, whatever app holds it, by machine id: what a
     person's own jobs may use is the rest."""

@@ -46,13 +46,13 @@ class Need:
 
 
 NEEDS = (
-    Need("Python", "the agent's commands inside the container", program="python3", label="python"),
+    Need("Python", "the agent's commands inside the container and the NCCL test's launcher", program="python3",
+         label="python"),
     Need("Ray", "starting the cluster", program="ray", label="ray"),
     Need("Ray's dashboard packages (ray[default])", "the tunnel to Ray's dashboard and job API",
          package="ray/dashboard/__init__.py"),
     Need("aiohttp, one of Ray's dashboard packages (ray[default])", "the tunnel to Ray's dashboard and job API",
          package="aiohttp/__init__.py"),
-    Need("an SSH client", "the NCCL test (mpirun reaches the other nodes over SSH)", program="ssh"),
     Need("Open MPI's mpirun", "the NCCL test", program="mpirun"),
     Need("nccl-tests' all_reduce_perf", "the NCCL test", program="all_reduce_perf"),
     Need("vLLM", "serving models", program="vllm"),

@@ -57,6 +57,10 @@ class Cluster(models.Model):
     # /shared (clusters/runners/shared.py): {"method": "nfs" | "sshfs" | "none", "reason": why none, "left_out":
     # [machine names not mounting it]}, as the last start or join found it; {} before the first.
     shared_files = models.JSONField(default=dict, blank=True, help_text="How /shared is shared: the method, and who is left out")
+    # Encryption (docs/https-and-trust.md): Ray between the machines with TLS, and the copies behind mutual TLS.
+    # New clusters start with both; a cluster from before reads False until Encrypt (clusters/encryption.py).
+    ray_tls = models.BooleanField(default=True, help_text="Ray between its machines uses TLS (certificates of the console's authority)")
+    model_tls = models.BooleanField(default=True, help_text="Its copies serve over mutual TLS to the gateway and the checks")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -252,3 +256,63 @@ class NcclTest(models.Model):
     def peak(self) -> dict | None:
         """The size with the highest bus bandwidth (the first of equals), None before any size finished."""
         return max(self.rows, key=lambda row: row["busbw"], default=None)
+
+
+class NodeCertificate(models.Model):
+    """A certificate the console signed for a node login of this cluster (machines.SSHCertificate: who,
+    which key, until when), and whether it was taken back. A certificate names this cluster's principals
+    only (machines/sshd.py), so it is listed, and revoked, here alone (clusters/node_logins.py)."""
+
+    certificate = models.OneToOneField("machines.SSHCertificate", on_delete=models.CASCADE, related_name="node_login")
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="node_certificates")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    revoked_reason = models.CharField(max_length=300, blank=True, help_text="Why, in words: who took it back, or what changed")
+
+    class Meta:
+        ordering = ["-certificate_id"]
+        indexes = [models.Index(fields=["cluster", "revoked_at"])]
+
+    def __str__(self) -> str:
+        return f"node login {self.certificate_id} to {self.cluster}"
+
+
+class NodeSettingsOwed(models.Model):
+    """What a machine that left a cluster while away still holds of it: its node settings (the cluster's
+    SSH key, authorized key, principals, sshd's trust) and its /shared mount, taken away at its next
+    contact (clusters/node_leave.py)."""
+
+    machine = models.OneToOneField("machines.Machine", on_delete=models.CASCADE, related_name="+")
+    cluster_name = models.CharField(max_length=63)
+    shared = models.BooleanField(default=True, help_text="Its /shared mount or export is to be taken away too")
+    recorded_at = models.DateTimeField(auto_now_add=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.machine} owes the removal of {self.cluster_name}'s node settings"
+
+
+class CertificateRole(models.TextChoices):
+    NODE = "node", "Ray node"
+    COPY = "copy", "Copy server"
+
+
+class MemberCertificate(models.Model):
+    """The certificate the console's authority last issued to a member for one role (console/pki.py): its
+    key stays on the machine. ``ray_not_after``: the expiry of the node certificate Ray started with there
+    (Ray reads its files at start), which a renewal without a restart does not change."""
+    member = models.ForeignKey(ClusterMember, on_delete=models.CASCADE, related_name="certificates")
+    role = models.CharField(max_length=8, choices=CertificateRole.choices)
+    address = models.CharField(max_length=64, help_text="The address it names")
+    serial = models.CharField(max_length=64, help_text="Its serial number, hex")
+    issued_at = models.DateTimeField()
+    not_after = models.DateTimeField(help_text="When it expires")
+    ray_not_after = models.DateTimeField(null=True, blank=True, help_text="When the certificate Ray started with expires")
+
+    class Meta:
+        ordering = ["member", "role"]
+        constraints = [models.UniqueConstraint(fields=["member", "role"], name="one_certificate_per_member_role")]
+
+    def __str__(self) -> str:
+        return f"{self.role} certificate of {self.member.machine} until {self.not_after:%Y-%m-%d}"

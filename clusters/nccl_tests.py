@@ -129,8 +129,8 @@ def nccl_test_offer(cluster: Cluster, role: roles.Role | None) -> Offer:
 
 
 def sweep_sizes() -> list[int]:
-    """1 MiB up to FADEN_NCCL_TEST_MAX_BYTES, doubling."""
-    return nccl.sizes(nccl.MiB, settings.FADEN_NCCL_TEST_MAX_BYTES)
+    """FADEN_NCCL_TEST_MIN_BYTES (1 MiB) up to FADEN_NCCL_TEST_MAX_BYTES, doubling."""
+    return nccl.sizes(settings.FADEN_NCCL_TEST_MIN_BYTES, settings.FADEN_NCCL_TEST_MAX_BYTES)
 
 
 def nccl_test_start(*, cluster: Cluster, user=None, confirm: bool = False) -> NcclTest:

@@ -34,11 +34,11 @@ from cryptography.hazmat.primitives.serialization import load_ssh_private_key
 from django.db import transaction
 from django.views.decorators.debug import sensitive_variables
 
-from clusters import connection_texts
+from clusters import connection_texts, node_logins
 from clusters.connection_texts import ClusterNet, Node
 from clusters.models import Cluster, ClusterMember
 from console import secrets
-from machines import ssh_ca, ssh_rules, sshd
+from machines import ssh_ca, ssh_krl, ssh_rules, sshd
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,19 @@ def node_key_for(*, cluster: Cluster) -> NodeKey:
     return key
 
 
+def node_key_rotate(*, cluster: Cluster) -> NodeKey:
+    """A new node key for the cluster (a machine left it with a copy of the old one): the old one is forgotten
+    and every member written afterwards gets the new one, which its authorized keys accept instead."""
+    with transaction.atomic():
+        Cluster.objects.select_for_update(no_key=True).filter(pk=cluster.pk).update(node_public_key="")
+        secrets.secret_clear(node_key_secret_name(cluster.pk))
+    old = cluster.node_public_key
+    key = node_key_for(cluster=cluster)
+    log.info("Rotated the node key of cluster %s: %s replaces %s.", cluster.name, _fingerprint(key.public_key),
+             _fingerprint(old) if old else "none")
+    return key
+
+
 def node_key_forget(*, cluster: Cluster) -> bool:
     """Forget the cluster's sealed node key (the cluster is deleted); whether there was one."""
     return secrets.secret_clear(node_key_secret_name(cluster.pk))
@@ -138,10 +151,11 @@ def host_key_line(line: str, *, machine: str, pinned: str) -> str:
 @sensitive_variables("node_key")
 def node_files_spec(*, cluster: str, network: str, nodes: Sequence[Node], node: Node, node_key: NodeKey,
                     ca_public_key: str, principals: Sequence[str],
-                    host_keys: Mapping[str, Sequence[str]] | None = None) -> dict:
+                    host_keys: Mapping[str, Sequence[str]] | None = None, revoked_keys: bytes | None = None) -> dict:
     """The spec of ``node files write`` for ``node``, one of ``nodes``. ``host_keys``: checked key
     lines by machine name (``host_key_line``); a node without any is recorded at its first connection.
     ``principals``: what root on this machine accepts (machines/sshd.py's ``root_principals``).
+    ``revoked_keys``: the cluster's key revocation list (clusters/node_logins.py), empty when not given.
     Raises ``connection_texts.NotConnectable`` or ``NodeFilesError`` with the sentence to show."""
     net = ClusterNet.of(cluster, network, nodes)
     ordered = sorted(nodes, key=lambda n: n.rank)
@@ -163,7 +177,11 @@ def node_files_spec(*, cluster: str, network: str, nodes: Sequence[Node], node: 
             "nodes": [{"name": n.name, "address": n.address, "port": n.ssh_port,
                        "host_keys": list(host_keys.get(n.machine, ()))} for n in ordered],
         },
-        "sshd": {"dropin": sshd.sshd_dropin(), "ca_public_key": ca_public_key.strip(), "principals": principals_text},
+        "sshd": {"dropin": sshd.sshd_dropin(), "ca_public_key": ca_public_key.strip(), "principals": principals_text,
+                 # Written with the drop-in that names it as RevokedKeys (sshd refuses every key without it).
+                 "revoked_keys": base64.b64encode(revoked_keys if revoked_keys is not None else
+                                                  ssh_krl.krl_bytes(ca_public_key=ca_public_key, version=0, generated_at=0)
+                                                  ).decode("ascii")},
     }
 
 
@@ -177,10 +195,11 @@ def node_files_specs(cluster: Cluster, *, host_keys: Mapping[str, str] | None = 
                for name, line in (host_keys or {}).items() if name in machines}
     node_key = node_key_for(cluster=cluster)
     ca_public_key = ssh_ca.ca_public_key()
+    revoked_keys = node_logins.revocation_list(cluster)
     return {
         n.machine: node_files_spec(
             cluster=cluster.name, network=cluster.network, nodes=nodes, node=n, node_key=node_key,
-            ca_public_key=ca_public_key, host_keys=checked,
+            ca_public_key=ca_public_key, host_keys=checked, revoked_keys=revoked_keys,
             principals=sshd.root_principals(machine_id=machines[n.machine].pk, cluster_id=cluster.pk))
         for n in nodes
     }

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from django.template.loader import render_to_string
 
-from clusters import actions, connection_info, hooks, nccl_card, nccl_tests, planning, selectors
+from clusters import actions, connection_info, encryption, hooks, nccl_card, nccl_tests, node_logins, planning, selectors
 from clusters.choices import MemberState, Role
 from clusters.models import Cluster, ClusterMember, HealthCheck, NetworkMeasurement
 from clusters.shared_files import shared_sentence
@@ -84,7 +84,7 @@ def _measured_links(cluster: Cluster, head: ClusterMember | None) -> dict[int, N
 
 
 def _member_view(cluster: Cluster, m: ClusterMember, link: NetworkMeasurement | None, count: int, busy: Job | None,
-                 accelerators: str, role: roles.Role | None) -> dict:
+                 accelerators: str, role: roles.Role | None, note: dict | None = None) -> dict:
     """One machine's box in the diagram, its panel and its row: every value the template shows,
     worked out once here rather than looked up again in each of the template's loops."""
     status = m.last_status or {}
@@ -117,6 +117,8 @@ def _member_view(cluster: Cluster, m: ClusterMember, link: NetworkMeasurement | 
         "node_id": ray_node.get("node_id") or m.ray_node_id,
         "link": link,
         "remove": actions.member_remove(cluster, m, count=count, busy=busy, role=role),
+        "drain": actions.member_drain(cluster, m),
+        "note": note,  # an app's word on the machine beside its state (deployments: its drain)
     }
 
 
@@ -126,11 +128,12 @@ def wiring_card(cluster: Cluster, cards: dict, selected: int | None = None) -> d
     members = cards["members"]
     links = _measured_links(cluster, cards["head"])
     summaries = selectors.accelerator_summaries(m.machine_id for m in members)
+    notes = hooks.machine_notes(cluster)
     views = [_member_view(cluster, m, links.get(m.machine_id) if m.role != Role.HEAD else None, len(members), cards["busy"],
-                          summaries.get(m.machine_id, ""), cards["role"]) for m in members]
+                          summaries.get(m.machine_id, ""), cards["role"], notes.get(m.machine_id)) for m in members]
     if selected not in {m.machine_id for m in members}:
         selected = None
-    return {"member_views": views, "diagram": wiring_diagram(views), "selected": selected, "drain_unavailable": actions.DRAIN_UNAVAILABLE}
+    return {"member_views": views, "diagram": wiring_diagram(views), "selected": selected}
 
 
 def checks_card(cluster: Cluster) -> dict:
@@ -198,6 +201,7 @@ def page_cards() -> list[hooks.PageCard]:
     the apps above (deployments' models, say)."""
     return [hooks.PageCard("connect", template="clusters/_connect_card.html", context=connect_card),
             hooks.PageCard(nccl_tests.LIVE_PART, template="clusters/_nccl_card.html", context=nccl_card.nccl_card),
+            hooks.PageCard(node_logins.LIVE_PART, template="clusters/_node_logins_card.html", context=node_logins.node_logins_card),
             *hooks.extension_cards()]
 
 
@@ -212,7 +216,14 @@ def extra_cards(cluster: Cluster, role: roles.Role | None) -> dict:
 
 def cluster_page(cluster: Cluster, selected: int | None = None, *, role: roles.Role | None) -> dict:
     cards = cluster_cards(cluster, role=role)
-    return cards | wiring_card(cluster, cards, selected) | checks_card(cluster) | runtime_card(cluster, cards["members"])
+    return (cards | wiring_card(cluster, cards, selected) | checks_card(cluster) | runtime_card(cluster, cards["members"])
+            | encryption.encryption_card(cluster, role))
+
+
+def render_encryption_card(cluster: Cluster, role: roles.Role | None) -> str:
+    """The encryption card alone: its own part, and beside the job's (a start issues certificates)."""
+    return render_to_string("clusters/_encryption_card.html", {"cluster": cluster, "role": role, "oob": True}
+                            | encryption.encryption_card(cluster, role))
 
 
 def render_cluster_topic(arg: str, part: str, role: roles.Role) -> list[str]:
@@ -228,7 +239,10 @@ def render_cluster_topic(arg: str, part: str, role: roles.Role) -> list[str]:
                 + render_connect_card(cards) + nccl_card.render_nccl_card(cards)]
     if part == "job":
         cards = cluster_cards(cluster, role=role, status=False)
-        return [render_to_string("clusters/cluster_detail.html#job-live", cards | runtime_card(cluster, cards["members"]) | {"oob": True})]
+        return [render_to_string("clusters/cluster_detail.html#job-live", cards | runtime_card(cluster, cards["members"]) | {"oob": True})
+                + render_encryption_card(cluster, role)]
+    if part == "encryption":
+        return [render_encryption_card(cluster, role)]
     if part == "checks":
         return [render_to_string("clusters/cluster_detail.html#checks-live",
                                  cluster_cards(cluster, role=role, status=False) | checks_card(cluster) | {"oob": True})]
@@ -236,7 +250,7 @@ def render_cluster_topic(arg: str, part: str, role: roles.Role) -> list[str]:
         return [render_to_string(card.template, {"cluster": cluster, "role": role, "oob": True} | card.context(cluster, role))]
     page = cluster_page(cluster, role=role)
     return [render_to_string("clusters/cluster_detail.html#live", page | {"oob": True}) + render_connect_card(page)
-            + nccl_card.render_nccl_card(page)]
+            + nccl_card.render_nccl_card(page) + render_encryption_card(cluster, role)]
 
 
 # -- the list -------------------------------------------------------------------------------------

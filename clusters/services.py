@@ -21,10 +21,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from clusters import actions, choosing, hooks, node_files, planning, policy, selectors, steps
+from clusters import actions, choosing, files_token, hooks, node_files, planning, policy, ray_token, selectors, steps
 from clusters.choices import CHECKED, CheckTrigger, ClusterState, MemberState, Role
 from clusters.lifecycle import cluster_changed, cluster_locked, cluster_transition, members_transition
-from clusters.models import Cluster, ClusterMember
+from clusters.models import Cluster, ClusterMember, NodeSettingsOwed
 from clusters.transfer import transfers_reset
 from console import live, roles
 from console.choices import JOB_ACTIVE, ErrorKind
@@ -35,6 +35,7 @@ from machines.choices import MachineState
 from machines.models import Machine
 
 CHECK_TASK = "clusters.tasks.cluster_check"
+FIREWALL_TASK = "clusters.tasks.cluster_firewall_refresh"
 JUST_TAKEN = "One of these machines was just put in another cluster; look again."
 
 
@@ -270,10 +271,12 @@ def cluster_delete(*, cluster: Cluster, user=None) -> Job | None:
 
 
 def cluster_record_delete(*, cluster: Cluster) -> None:
-    """The cluster's rows go, and its sealed node key with them; its machines stay enrolled and free to
+    """The cluster's rows go, and its sealed node key and file-server token with them; its machines stay enrolled and free to
     join another cluster. Inside the caller's transaction when there is one (the Delete job's)."""
     machine_ids = selectors.cluster_machine_ids(cluster)
     node_files.node_key_forget(cluster=cluster)
+    files_token.files_token_forget(cluster)
+    ray_token.ray_token_forget(cluster)
     for machine_id in machine_ids:
         hooks.member_leaving.send(sender=Cluster, cluster=cluster, machine_id=machine_id)
     pk = cluster.pk
@@ -325,10 +328,13 @@ def cluster_add_machines(*, cluster: Cluster, machine_ids: list[int], user=None)
         return _cluster_job(cluster, steps.ADD, title=f"Add {names} to {cluster.name}", user=user, params={"members": added})
 
 
-def cluster_member_remove(*, cluster: Cluster, machine_id: int, user=None) -> None:
+def cluster_member_remove(*, cluster: Cluster, machine_id: int, user=None, drained: bool = False) -> Job:
     """Remove from cluster: nothing of the cluster serves on the machine (the cluster is stopped, or the
-    machine did not join), so it only leaves the record. The head leaves only a stopped cluster; the
-    machine with the most accelerators leads from then on."""
+    machine did not join), so it leaves the record at once. The head leaves only a stopped cluster; the
+    machine with the most accelerators leads from then on. What the machine holds of the cluster (its node
+    settings, /shared) is recorded as owed, and the job LEAVE takes it away and rotates the node key on the
+    others (clusters/node_leave.py). ``drained``: the drain of Remove from cluster (deployments) emptied the
+    machine of a running cluster and stopped its runtime, so it leaves the record now too."""
     role = roles.acting(user)
     actions.REMOVE.offer(role).check()  # before saying whether the machine is in the cluster
     with transaction.atomic():
@@ -336,15 +342,20 @@ def cluster_member_remove(*, cluster: Cluster, machine_id: int, user=None) -> No
         member = cluster.members.select_related("machine").filter(machine_id=machine_id).first()
         if member is None:
             raise ValidationError(f"That machine is not in {cluster.name}.")
-        actions.member_remove(cluster, member, count=cluster.members.count(), busy=selectors.cluster_busy(cluster), role=role).check()
+        actions.member_remove(cluster, member, count=cluster.members.count(), busy=selectors.cluster_busy(cluster), role=role,
+                              drained=drained).check()
         hooks.member_leaving.send(sender=Cluster, cluster=cluster, machine_id=machine_id)
         was_head = member.role == Role.HEAD
         member.delete()
+        # The others stop letting it in, over SSH: after commit, in a task (the job LEAVE clears the machine).
+        task_enqueue(FIREWALL_TASK, cluster.pk)
         if was_head:
             rest = selectors.candidates(selectors.cluster_machine_ids(cluster))
             cluster.members.filter(machine_id=policy.next_head(rest)).update(role=Role.HEAD)
         live.push("machines", part=str(machine_id))
-        cluster_changed(cluster)
+        NodeSettingsOwed.objects.update_or_create(machine=member.machine, defaults={"cluster_name": cluster.name, "shared": True})
+        return _cluster_job(cluster, steps.LEAVE, title=f"Take {member.machine.name} out of {cluster.name}", user=user,
+                            params={"machine_id": machine_id, "machine_name": member.machine.name})
 
 
 # -- runtime and network --------------------------------------------------------------------------
@@ -391,6 +402,8 @@ def cluster_change_network(*, cluster: Cluster, network: str, user=None) -> Job 
         for member in cluster.members.all():
             member.address = networks[network].address_of(member.machine_id)
             member.save(update_fields=["address"])
+        # The members' tables let in the new addresses before a start moves the image between them.
+        task_enqueue(FIREWALL_TASK, cluster.pk)
         if cluster.state == ClusterState.STOPPED:
             cluster_changed(cluster)
             return None

@@ -1,8 +1,10 @@
 """Thin tasks: load by primary key, call a runner or a service."""
 from celery import shared_task
 
-from clusters import health, leftovers, services
+from clusters import encryption, health, leftovers, node_leave, node_logins, services
+from clusters.models import Cluster
 from clusters.runners import RUNNERS
+from clusters.runners.firewall import firewall_refresh
 from clusters.runners.nccl import nccl_test_run
 from clusters.runners.probe import network_probe_run
 from console import live
@@ -68,3 +70,32 @@ def cluster_check(cluster_id: int, trigger: str, detail: str = "", first_look_id
     """Every check: scheduled, asked for, after a start, a machine that reconnected or went offline, a heartbeat."""
     health.cluster_check_run(cluster_id=cluster_id, trigger=trigger, detail=detail, first_look_id=first_look_id,
                              check_id=check_id)
+
+
+@shared_task
+def cluster_firewall_refresh(cluster_id: int) -> int:
+    """The members changed outside a job (a machine left the record, a move to another network): they get
+    their firewall tables again as the members are now."""
+    return len(firewall_refresh(cluster_id=cluster_id))
+
+
+@shared_task
+def node_revocations_push(cluster_id: int) -> None:
+    """A node login was taken back: the cluster's revocation list to every member that answers, at once."""
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is not None:
+        node_logins.revocations_push(cluster)
+
+
+@shared_task
+def machine_came_back(machine_id: int) -> None:
+    """An Offline machine beats again: what it owes of a cluster it left goes; its cluster's revocation list,
+    should it have missed one."""
+    node_leave.owed_settle(machine_id)
+    node_logins.revocations_push_machine(machine_id)
+
+
+@shared_task
+def certificates_renew() -> int:
+    """Every hour (beat): clusters whose certificates have a third of their life left are renewed."""
+    return len(encryption.certificates_renew_due())

@@ -13,15 +13,18 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db.models import F
 
-from clusters import planning
+from clusters import files_token, planning
 from clusters.choices import MemberState
 from clusters.fanout import ProgressBoard, in_thread, on_member, offline_reason, parallel
 from clusters.models import Cluster, ClusterMember, Transfer
+from console import agent_tls
 from console.choices import ErrorKind
 from console.jobs import JobContext, JobError
 from machines.agent_client import Agent, FileSource, FileSpec
+from machines.versions import agent_outdated
 
 SERVE_PORT = 7470  # where every machine serves the files it holds, on the cluster's network
 
@@ -36,6 +39,28 @@ class ServerFile:
     # A fresh download token for the first copy, to the member this ServerFile was made for, good for that
     # many seconds (the fetch's time limit).
     token: Callable[[float], str]
+
+
+TLS_AGENT = "0.10.0"  # the first agent that fetches from the console over TLS to its pinned certificate
+
+
+@dataclass(frozen=True)
+class ConsoleOrigin:
+    """The console as the machines reach it for the first copies: over TLS to its agents' certificate,
+    pinned, for 0.10.0 agents; over plain HTTP for older ones only where FADEN_AGENT_PLAIN_HTTP allows it."""
+
+    plain: str
+    tls: str
+    pin: str
+
+    def source(self, machine, path: str, token: str) -> FileSource:
+        if not agent_outdated(machine.agent_version, TLS_AGENT):
+            return FileSource(url=f"{self.tls}{path}", token=token, pin=self.pin)
+        if settings.FADEN_AGENT_PLAIN_HTTP:
+            return FileSource(url=f"{self.plain}{path}", token=token)
+        raise JobError(f"{machine.name} has agent {machine.agent_version or 'of an unknown version'}, which fetches "
+                       f"from the console over plain HTTP, and this console refuses it: update its agent (Update "
+                       f"agent), or set FADEN_AGENT_PLAIN_HTTP=true.", kind=ErrorKind.NOT_RETRYABLE)
 
 
 def files_held(member: ClusterMember, files: Sequence[ServerFile]) -> dict[str, bool]:
@@ -66,18 +91,21 @@ def distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], 
     # Every machine serves what it holds on the cluster's network, so that the next one can fetch from it;
     # the head says in the same session where the machines reach the console (the first copies' source).
     found: dict[str, str] = {}
+    token = files_token.files_token(cluster)
 
     def serve(member: ClusterMember, board: ProgressBoard) -> None:
         def call(agent: Agent) -> None:
-            agent.serve_start(bind=member.address, port=SERVE_PORT)
+            agent.serve_start(bind=member.address, port=SERVE_PORT,
+                              token=token if files_token.takes_token(member.machine) else None)
             if member.pk == head.pk:
                 found["console"] = agent.console_url()
+                found["console_tls"] = agent.agent_console_url()
         on_member(member, call)
 
     fail_state = MemberState.FAILED if receiving_state is not None else None
     members = parallel(members, head, board, serve, fail_state=fail_state, failed=failed)
     serving = {m.machine_id for m in members}
-    console = found["console"]
+    console = ConsoleOrigin(plain=found["console"], tls=found["console_tls"], pin=agent_tls.pin())
     count = sum(len(plan) for plan in plans.values())
     ctx.detail(f"{count} transfer(s); one copy from the server per file")
     by_machine = {m.machine_id: m for m in members}
@@ -93,7 +121,7 @@ def distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], 
         def fetch(part) -> None:
             on_member(member, lambda agent: [
                 _fetch(agent, member, file, source, board, console=console, by_machine=by_machine, serving=serving,
-                       state=receiving_state) for file, source in part])
+                       state=receiving_state, token=token) for file, source in part])
 
         if len(todo) > 1:
             with ThreadPoolExecutor(max_workers=2) as pool:
@@ -109,20 +137,22 @@ def distribute(ctx: JobContext, cluster: Cluster, members: list[ClusterMember], 
     return [m for m in result if m.pk in joining] if joining is not None else result
 
 
-def _fetch(agent: Agent, member: ClusterMember, file: ServerFile, source, board: ProgressBoard, *, console: str,
-           by_machine: dict[int, ClusterMember], serving: set[int], state: str | None) -> None:
+def _fetch(agent: Agent, member: ClusterMember, file: ServerFile, source, board: ProgressBoard, *, console: ConsoleOrigin,
+           by_machine: dict[int, ClusterMember], serving: set[int], state: str | None, token: str = "") -> None:
     """One file to one member, from the server or from the machine before it in the chain."""
     spec = file.spec
     timeout = spec.size / 1_000_000 + 300  # seconds: 1 MB/s at the least, and five minutes to begin
     if source == planning.SERVER:
-        origin = FileSource(url=f"{console}{file.download_path}", token=file.token(timeout))
+        origin = console.source(member.machine, file.download_path, file.token(timeout))
         label, watch = "the server", (member.machine_id,)
     else:
         giver = by_machine[source]
         if giver.machine_id not in serving:
             raise JobError(f"{member.machine.name} waits for {file.what} from {giver.machine.name}, which is not reachable.",
                            kind=ErrorKind.UNREACHABLE)
-        origin = FileSource(url=f"http://{giver.address}:{SERVE_PORT}/blobs/{spec.digest}")
+        # The cluster's token, to a server that requires it (files_token.py).
+        origin = FileSource(url=f"http://{giver.address}:{SERVE_PORT}/blobs/{spec.digest}",
+                            token=token if files_token.takes_token(giver.machine) else "")
         label, watch = f"{giver.machine.name} ({giver.address})", (member.machine_id, giver.machine_id)
     Transfer.objects.update_or_create(member=member, digest=spec.digest,
                                       defaults={"what": file.what, "source": label, "bytes_total": spec.size})

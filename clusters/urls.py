@@ -1,6 +1,6 @@
 from django.urls import path
 
-from clusters import connection_views, leftovers_views, nccl_views, views
+from clusters import connection_views, encryption_views, leftovers_views, nccl_views, node_logins_views, views
 
 app_name = "clusters"
 
@@ -22,6 +22,9 @@ urlpatterns = [
     path("<id:pk>/network/test/", views.cluster_network_test, name="network-test"),
     path("<id:pk>/ssh-certificate/", connection_views.cluster_ssh_certificate, name="ssh-certificate"),
     path("<id:pk>/nccl-test/", nccl_views.cluster_nccl_test, name="nccl-test"),
+    path("<id:pk>/node-logins/<id:serial>/revoke/", node_logins_views.cluster_node_login_revoke, name="node-login-revoke"),
+    path("<id:pk>/encrypt/", encryption_views.cluster_encrypt, name="encrypt"),
+    path("<id:pk>/certificates/renew/", encryption_views.cluster_certificates_renew, name="certificates-renew"),
     # What deleted clusters left on a machine: buttons of the machine's page.
     path("machines/<id:pk>/free-images/", leftovers_views.machine_images_free, name="machine-free-images"),
     path("machines/<id:pk>/free-shared/", leftovers_views.machine_shared_free, name="machine-free-shared"),

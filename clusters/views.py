@@ -248,7 +248,8 @@ def cluster_member_remove(request, pk: int, machine_id: int):
     except ValidationError as exc:
         _refused(request, exc)
         return redirect(f"{cluster.get_absolute_url()}?machine={machine_id}")
-    messages.success(request, f"{member.machine.name} left {cluster.name}. It stays enrolled and can join another cluster.")
+    messages.success(request, f"{member.machine.name} left {cluster.name}. It stays enrolled and can join another cluster; "
+                              "the cluster's settings leave it now (or at its next contact), and the others get a new node key.")
     return redirect(cluster)
 
 

@@ -52,11 +52,14 @@ ALLOWED_HOSTS = os.environ.get("FADEN_ALLOWED_HOSTS", "*").split(",")
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("FADEN_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
 # Behind TLS, FADEN_SECURE=true: browsers and the API are sent to https and told to stay there (HSTS), and
-# the session and CSRF cookies travel over https only. The machines' own endpoints (/agent/: heartbeats,
-# the image's first copy) stay on plain HTTP until their traffic is encrypted, so no machine goes Offline.
+# the session and CSRF cookies travel over https only. The machines' agents (/agent/: heartbeats, the first
+# copies of images and model files) reach the console over TLS of their own (FADEN_AGENT_TLS_PORT, a
+# certificate each agent pins: console/agent_tls.py); older agents over plain HTTP only with
+# FADEN_AGENT_PLAIN_HTTP=true, which alone keeps /agent/ out of the redirect.
 FADEN_SECURE = env_bool("FADEN_SECURE")
+FADEN_AGENT_PLAIN_HTTP = env_bool("FADEN_AGENT_PLAIN_HTTP")
 SECURE_SSL_REDIRECT = FADEN_SECURE
-SECURE_REDIRECT_EXEMPT = [r"^agent/"]
+SECURE_REDIRECT_EXEMPT = [r"^agent/"] if FADEN_AGENT_PLAIN_HTTP else []
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = FADEN_SECURE
 SECURE_HSTS_SECONDS = env_int("FADEN_HSTS_SECONDS", 365 * 24 * 3600) if FADEN_SECURE else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("FADEN_HSTS_INCLUDE_SUBDOMAINS", True)
@@ -270,6 +273,11 @@ if FADEN_NCCL_TEST_MAX_BYTES < 1024 ** 2 or FADEN_NCCL_TEST_ITERS < 1 or FADEN_N
     raise ImproperlyConfigured("The NCCL test needs FADEN_NCCL_TEST_MAX_BYTES of at least 1 MiB (1048576), "
                                "FADEN_NCCL_TEST_ITERS of at least 1, FADEN_NCCL_TEST_WARMUP of 0 or more and "
                                "FADEN_NCCL_TEST_LIMIT_SECONDS of at least 1.")
+# The NCCL test's first size (1 MiB); the suite starts its slow-link test lower, so its first five sizes cost less.
+FADEN_NCCL_TEST_MIN_BYTES = env_int("FADEN_NCCL_TEST_MIN_BYTES", 1024 ** 2)
+if not 1024 <= FADEN_NCCL_TEST_MIN_BYTES <= FADEN_NCCL_TEST_MAX_BYTES:
+    raise ImproperlyConfigured("The NCCL test needs FADEN_NCCL_TEST_MIN_BYTES of at least 1 KiB (1024) and at most "
+                               "FADEN_NCCL_TEST_MAX_BYTES.")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -338,6 +346,15 @@ FADEN_CONSOLE_URL = os.environ.get("FADEN_CONSOLE_URL", "")
 FADEN_WEB_PORT = env_int("FADEN_WEB_PORT", 8000)
 FADEN_HEARTBEAT_INTERVAL = env_int("FADEN_HEARTBEAT_INTERVAL", 10)
 FADEN_OFFLINE_AFTER = env_int("FADEN_OFFLINE_AFTER", 30)
+# The agents' TLS listener (faden serve; the /agent/ endpoints only), with the certificate agents pin.
+# FADEN_AGENT_TLS_URL: the https:// base URL agents use, when not the console's host on that port.
+FADEN_AGENT_TLS_PORT = env_int("FADEN_AGENT_TLS_PORT", 8443)
+if not 1 <= FADEN_AGENT_TLS_PORT <= 65535:
+    raise ImproperlyConfigured(f"FADEN_AGENT_TLS_PORT must be a port from 1 to 65535, not {FADEN_AGENT_TLS_PORT}.")
+FADEN_AGENT_TLS_APPLICATION = "config.agent_asgi.application"  # named for faden serve, like ASGI_APPLICATION
+FADEN_AGENT_TLS_URL = os.environ.get("FADEN_AGENT_TLS_URL", "").rstrip("/")
+if FADEN_AGENT_TLS_URL and not FADEN_AGENT_TLS_URL.startswith("https://"):
+    raise ImproperlyConfigured("FADEN_AGENT_TLS_URL must be an https:// URL (the agents' TLS listener).")
 
 LOGGING = {
     "version": 1,
@@ -365,6 +382,10 @@ if len(FADEN_COPY_PORTS) != 2 or not 1024 <= FADEN_COPY_PORTS[0] <= FADEN_COPY_P
     raise ImproperlyConfigured("FADEN_COPY_PORTS must be a range of ports such as 8100-8199, from 1024 to 65535.")
 # How long a copy may take to read Serving once its engine started (loading weights), before it is Failed.
 FADEN_COPY_START_TIMEOUT = env_int("FADEN_COPY_START_TIMEOUT", 900)
+# A drain (deployments/drain_job.py): the seconds a copy leaving a draining machine, out of the gateway's rotation,
+# keeps answering the requests it holds before it stops; and after how long a copy that has not moved is said so.
+FADEN_DRAIN_GRACE = env_int("FADEN_DRAIN_GRACE", 10)
+FADEN_DRAIN_STUCK = env_int("FADEN_DRAIN_STUCK", 30 * 60)
 
 # The gateway: the OpenAI-compatible front door to every serving copy, a process of its own (docs/gateway.md).
 FADEN_GATEWAY_PORT = env_int("FADEN_GATEWAY_PORT", 8001)
@@ -380,3 +401,38 @@ FADEN_GATEWAY_READ_TIMEOUT = float(os.environ.get("FADEN_GATEWAY_READ_TIMEOUT", 
 FADEN_GATEWAY_MAX_BODY = env_int("FADEN_GATEWAY_MAX_BODY", 32 * 1024 * 1024)
 # Figures, failure reports and live processes in Redis (the database number of REDIS_URL applies).
 FADEN_GATEWAY_REDIS_PREFIX = os.environ.get("FADEN_GATEWAY_REDIS_PREFIX", "faden:gateway")
+# The gateway's bounds against a hostile client (docs/gateway.md, "Bounds"), per gateway process: a request's
+# head at most MAX_HEAD bytes (431) and complete within HEAD_TIMEOUT s (408), MAX_CONNECTIONS connections (the
+# longest idle one gives way to a new one), an idle kept-alive connection closed after KEEPALIVE s.
+FADEN_GATEWAY_PROTOCOL = "deployments.gateway.protocol.BoundedHttpToolsProtocol"  # named for faden serve
+
+
+def _gateway_bound(name: str, default, kind, low, high):
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = kind(raw) if raw else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a {'whole ' if kind is int else ''}number, not {raw!r}.") from None
+    if not low <= value <= high:
+        raise ImproperlyConfigured(f"{name} must be from {low:g} to {high:g}; it is {value:g}.")
+    return value
+
+
+FADEN_GATEWAY_MAX_HEAD = _gateway_bound("FADEN_GATEWAY_MAX_HEAD", 64 * 1024, int, 4 * 1024, 1024 * 1024)
+FADEN_GATEWAY_HEAD_TIMEOUT = _gateway_bound("FADEN_GATEWAY_HEAD_TIMEOUT", 5.0, float, 0.5, 120)
+FADEN_GATEWAY_MAX_CONNECTIONS = _gateway_bound("FADEN_GATEWAY_MAX_CONNECTIONS", 4096, int, 16, 1_000_000)
+FADEN_GATEWAY_KEEPALIVE = _gateway_bound("FADEN_GATEWAY_KEEPALIVE", 5, int, 1, 3600)
+
+# The cluster's firewall (clusters/firewall.py, docs/network.md): addresses or networks, comma-separated, that
+# the copies' and the file servers' ports let in besides the members, the console and the gateway as the
+# console finds them (a console behind NAT, a gateway on another host).
+FADEN_FIREWALL_ALLOW = [a.strip() for a in os.environ.get("FADEN_FIREWALL_ALLOW", "").split(",") if a.strip()]
+
+# The console's TLS certificate authority (console/pki.py, docs/https-and-trust.md): its files in the data
+# directory's tls/ (the private keys sealed with the secrets key), and how long a certificate it signs for a
+# machine's cluster address (Ray, copies) or for the console's own client is valid; renewed with a third left.
+FADEN_TLS_DIR = Path(os.environ.get("FADEN_TLS_DIR", DATA_DIR / "tls"))
+FADEN_CERT_DAYS = env_int("FADEN_CERT_DAYS", 30)
+if not 1 <= FADEN_CERT_DAYS <= 397:
+    raise ImproperlyConfigured("FADEN_CERT_DAYS must be from 1 to 397 (what browsers accept for a server certificate).")
+CELERY_BEAT_SCHEDULE["clusters-certificates-renew"] = {"task": "clusters.tasks.certificates_renew", "schedule": timedelta(hours=1)}

@@ -9,8 +9,9 @@ While the work runs, a thread beats the row every ``FADEN_JOB_BEAT`` seconds.
 A running job whose beat is older than ``FADEN_JOB_STALE`` lost its worker:
 the reaper hands a resumable kind (``job_kind_register``) to a worker again,
 where the steps already done are skipped (``JobContext.done``), and fails any
-other kind with a reason, telling the kind (``on_failed``). No job stays
-running without a live worker.
+other kind with a reason, telling the kind (``on_failed``). A job still queued
+after as long is sent to a worker again. No job stays running, or queued,
+without a live worker.
 
 Each app names its jobs' steps once, as ``Step`` objects grouped in an
 ``Operation`` (a kind and its steps): the service starts the job with the
@@ -27,6 +28,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -300,9 +302,10 @@ STOPPED_WORKER = "The worker running this job stopped before it finished."
 
 def jobs_reap(*, stale_after: timedelta | None = None) -> int:
     """Hand running jobs whose worker stopped beating to a worker again (resumable kinds, up to
-    ``MAX_RESUMES`` times), and fail the others with a reason, telling their kind. Returns how many it touched."""
+    ``MAX_RESUMES`` times), and fail the others with a reason, telling their kind; send again the task of a
+    job queued too long (its message may have gone with a killed worker). Returns how many it touched."""
     cutoff = timezone.now() - (stale_after if stale_after is not None else timedelta(seconds=settings.FADEN_JOB_STALE))
-    touched = 0
+    touched = _queued_sent_again(cutoff)
     for job_id in Job.objects.filter(state=JobState.RUNNING, beat_at__lt=cutoff).values_list("pk", flat=True):
         with transaction.atomic():
             job = Job.objects.select_for_update(no_key=True).filter(pk=job_id, state=JobState.RUNNING, beat_at__lt=cutoff).first()
@@ -331,6 +334,26 @@ def jobs_reap(*, stale_after: timedelta | None = None) -> int:
                     _tell_failed(kind, job)
             touched += 1
     return touched
+
+
+def _queued_sent_again(cutoff: datetime) -> int:
+    """Send again the task of each job still queued since ``cutoff`` (its creation, or its last sending):
+    a worker killed after taking its message and before the job began leaves it queued, and the broker
+    gives an unacknowledged message out again only after its visibility timeout (an hour). A second
+    message is harmless: ``job_run`` takes the row under its lock, and a message that finds the job running
+    with a fresh beat, or ended, does nothing. The job's beat marks the sending, so a job waiting behind busy
+    workers is sent again once per stale period, not at every tick."""
+    now, sent = timezone.now(), 0
+    waiting = Job.objects.filter(state=JobState.QUEUED).filter(
+        Q(beat_at__lt=cutoff) | Q(beat_at__isnull=True, created_at__lt=cutoff))
+    for job_id, kind_name in waiting.values_list("pk", "kind"):
+        kind = _KINDS.get(kind_name)
+        if kind is None:
+            continue
+        if Job.objects.filter(pk=job_id, state=JobState.QUEUED).update(beat_at=now):
+            task_enqueue(kind.task, job_id)
+            sent += 1
+    return sent
 
 
 def _tell_failed(kind: JobKind, job: Job) -> None:

@@ -14,9 +14,13 @@ one (``sensitive_variables`` keeps them out of Django's error reports).
 """
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import logging
 import os
 from pathlib import Path
+from secrets import token_urlsafe
 
 from cryptography.fernet import Fernet, InvalidToken
 from django.conf import settings
@@ -45,16 +49,26 @@ def secret_set(name: str, value: str) -> None:
     """Seal ``value`` under ``name``, in place of any value it had."""
     if not name or not isinstance(value, str):
         raise ValueError("A secret needs a name and a text value.")
-    sealed = _fernet().encrypt(_plain(name, value)).decode("ascii")
-    SealedSecret.objects.update_or_create(name=name, defaults={"sealed": sealed})
+    SealedSecret.objects.update_or_create(name=name, defaults={"sealed": seal(name, value)})
+
+
+@sensitive_variables()
+def seal(name: str, value: str) -> str:
+    """``value`` sealed under the secrets key, bound to ``name`` (unsealed under another name it reads as
+    nothing): for a secret kept in a column of its own row rather than by name."""
+    return _fernet().encrypt(_plain(name, value)).decode("ascii")
 
 
 @sensitive_variables()
 def secret_get(name: str) -> str | None:
     """The value sealed under ``name``; None when there is none, or when it cannot be unsealed (logged)."""
     sealed = SealedSecret.objects.filter(name=name).values_list("sealed", flat=True).first()
-    if sealed is None:
-        return None
+    return None if sealed is None else unseal(name, sealed)
+
+
+@sensitive_variables()
+def unseal(name: str, sealed: str) -> str | None:
+    """What ``seal(name, ...)`` sealed; None when it cannot be unsealed (logged)."""
     try:
         plain = _fernet().decrypt(sealed.encode("ascii"))
     except SecretsKeyError as exc:
@@ -70,6 +84,22 @@ def secret_get(name: str) -> str | None:
     return plain[len(prefix):].decode("utf-8")
 
 
+@sensitive_variables()
+def secret_random(name: str) -> str:
+    """The random token sealed under ``name`` (32 bytes, URL-safe), made the first time; callers at the same
+    moment get the same one (the first row written wins)."""
+    if (value := secret_get(name)) is not None:
+        return value
+    value = token_urlsafe(32)
+    row, made = SealedSecret.objects.get_or_create(name=name, defaults={"sealed": seal(name, value)})
+    if made:
+        return value
+    if (theirs := unseal(name, row.sealed)) is not None:
+        return theirs
+    secret_set(name, value)  # sealed with a key this console no longer has: a new one
+    return value
+
+
 def secret_is_set(name: str) -> bool:
     """Whether ``name`` holds a value this console can unseal."""
     return secret_get(name) is not None
@@ -82,8 +112,25 @@ def secret_clear(name: str) -> bool:
 
 
 @sensitive_variables()
+def derived_password(purpose: str) -> bytes:
+    """A password for ``purpose`` derived from the secrets key (HMAC-SHA256, in url-safe base64): what seals
+    a file OpenSSL must read itself, such as the console's TLS keys (console/pki.py), in the format it reads
+    (an encrypted PKCS#8 key). The same key file gives the same password; another key file, another one."""
+    if not purpose:
+        raise ValueError("A derived password needs a purpose.")
+    digest = hmac.new(_key_bytes(), f"fadenstack derived password\0{purpose}".encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest)
+
+
+@sensitive_variables()
 def _plain(name: str, value: str) -> bytes:
     return f"{name}\0{value}".encode()
+
+
+def _key_bytes() -> bytes:
+    """The secrets key's 32 bytes, checked as _fernet checks them."""
+    _fernet()
+    return base64.urlsafe_b64decode(secrets_key_path().read_bytes().strip())
 
 
 def _fernet() -> Fernet:

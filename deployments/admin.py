@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from console.admin import RecordAdmin, RecordInline
-from deployments.models import Copy, Deployment, GatewayKey
+from deployments.models import Copy, Deployment, Drain, GatewayKey
 
 
 class CopyInline(RecordInline):
@@ -32,3 +32,12 @@ class GatewayKeyAdmin(RecordAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(Drain)
+class DrainAdmin(RecordAdmin):
+    """Started, stopped and cancelled on the cluster's and the machine's pages or the API; read here."""
+
+    list_display = ["machine", "cluster", "state", "remove", "started_by", "started_at"]
+    list_filter = ["cluster", "state"]
+    search_fields = ["machine__name"]

@@ -106,7 +106,9 @@ class PlanRowSerializer(serializers.Serializer):
 class DeletedSerializer(serializers.Serializer):
     detail = serializers.CharField()
     job = serializers.IntegerField(required=False)
-    left_on = serializers.ListField(child=serializers.CharField(), required=False)
+    left_on = serializers.ListField(child=serializers.CharField(), required=False, help_text=(
+        "The machines whose copies run on without a deployment (the cluster could not be reached): "
+        "GET /api/clusters/<id>/orphans/ lists them, and take-over keeps or deletes them"))
 
 
 class ChangeSerializer(serializers.Serializer):
@@ -163,7 +165,7 @@ def ask_of_request(data: dict, user) -> services.DeployAsk:
 
 
 class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    queryset = Deployment.objects.select_related("cluster", "model").order_by("name")
+    queryset = Deployment.objects.shown().select_related("cluster", "model").order_by("name")
 
     def get_serializer_class(self):
         return DeploymentSerializer if self.action == "list" else DeploymentDetailSerializer
@@ -192,7 +194,7 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
         if not data.validated_data.get("model"):
             raise serializers.ValidationError({"model": ["The plan needs a model in the store (a repo is added when you deploy)."]})
         ask = ask_of_request(data.validated_data, request.user)
-        if problems := services.deployment_ask_problems(ask):
+        if problems := services.deployment_ask_problems(ask, user=request.user):
             raise serializers.ValidationError(problems)
         plan = services.deployment_plan(ask)
         names = dict(ask.cluster.members.values_list("machine_id", "machine__name"))
@@ -223,8 +225,9 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
 
     @extend_schema(request=None, responses={202: DeletedSerializer, 200: DeletedSerializer})
     def destroy(self, request, pk=None):
-        """Stop its copies (202 with the job; the record goes once they have stopped), or delete at once when
-        its cluster cannot be reached (200; ``left_on`` names the machines whose copies may still run)."""
+        """Stop its copies (202 with the job; the record goes once they have stopped), or at once when its
+        cluster cannot be reached (200): then its copies run on without a deployment on the machines ``left_on``
+        names, until they are taken over (``/api/clusters/<id>/orphans/``). Copies the job cannot stop run on so too."""
         deleted = services.deployment_delete(deployment=self.get_object(), user=request.user)
         if deleted.job is not None:
             return Response({"job": deleted.job.pk, "detail": deleted.words}, status=status.HTTP_202_ACCEPTED)
@@ -253,7 +256,7 @@ class DeploymentsField:
 
     def retrieve(self, request, *args, **kwargs):
         response = super().retrieve(request, *args, **kwargs)
-        rows = deployments_list(Deployment.objects.filter(cluster_id=response.data["id"]))
+        rows = deployments_list(Deployment.objects.filter(cluster_id=response.data["id"]))  # shown ones only
         response.data["deployments"] = ClusterDeploymentSerializer(
             [{"id": d.pk, "name": d.name, "model": str(d.model), "copies": d.copies, "serving": d.serving} for d in rows],
             many=True).data

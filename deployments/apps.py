@@ -9,7 +9,7 @@ class DeploymentsConfig(AppConfig):
         from clusters import hooks
         from console import live
         from console.jobs import job_kind_register
-        from deployments import pages, serving
+        from deployments import drain, orphans, pages, serving
         from deployments.cluster_extension import DeploymentsExtension
         from deployments.store import downloads, machine_files, sources
         from deployments.store.pages import render_model_topic, render_models_topic
@@ -34,7 +34,13 @@ class DeploymentsConfig(AppConfig):
         # One apply job per deployment claims and starts copies; a new worker takes up a dead one's.
         job_kind_register(serving.KIND, task="deployments.tasks.deployment_apply", resumable=True,
                           on_failed=serving.apply_abandoned)
-        job_kind_register(serving.DELETE_KIND, task="deployments.tasks.deployment_delete", resumable=True)
+        # A delete the reaper gives up on leaves what it could not stop running without a deployment, never silently.
+        job_kind_register(serving.DELETE_KIND, task="deployments.tasks.deployment_delete", resumable=True,
+                          on_failed=serving.delete_abandoned)
+        job_kind_register(orphans.LOOK_KIND, task="deployments.tasks.orphans_look")
+        job_kind_register(orphans.TAKE_KIND, task="deployments.tasks.orphan_take")
+        # A drain survives its worker: each move is keyed by the copy, so none starts twice.
+        job_kind_register(drain.KIND, task="deployments.tasks.machine_drain", resumable=True, on_failed=drain.drain_abandoned)
 
         hooks.cluster_stopping.connect(_cluster_stopping, dispatch_uid="deployments-stopping")
         hooks.cluster_running.connect(_cluster_running, dispatch_uid="deployments-running")
@@ -56,8 +62,9 @@ def _cluster_running(sender, cluster, **kwargs) -> None:
 
 def _members_joined(sender, cluster_id, machine_ids=(), **kwargs) -> None:
     """A machine joined the cluster or came back: queued copies may fit on it now."""
-    from deployments import serving
+    from deployments import drain, serving
 
+    drain.drains_back_in_ray(cluster_id, machine_ids)  # Stop drain: back in Ray, the drain is over
     serving.queued_woken(cluster_id)
 
 

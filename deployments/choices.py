@@ -48,7 +48,9 @@ COPY_TRANSITIONS: dict[str, frozenset[str]] = {
     _C.SERVING: frozenset({_C.QUEUED, _C.STARTING, _C.FAILED, _C.STOPPING, _C.STOPPED}),
     # A failed copy is started again where it is, or queued to be placed elsewhere when its machine is gone.
     _C.FAILED: frozenset({_C.QUEUED, _C.COPYING, _C.STARTING, _C.STOPPING, _C.STOPPED}),
-    _C.STOPPING: frozenset({_C.STOPPED, _C.FAILED}),
+    # A stop that could not reach its machine: the engine still runs and answers (a deployment deleted while its
+    # cluster could not be reached: its copies run without a deployment, deployments/orphans.py).
+    _C.STOPPING: frozenset({_C.STOPPED, _C.FAILED, _C.SERVING}),
     _C.STOPPED: frozenset({_C.QUEUED, _C.STOPPING}),
 }
 
@@ -67,3 +69,26 @@ COPY_BADGE = {
     _C.STOPPING: "blue",
     _C.STOPPED: "grey",
 }
+
+
+class DrainState(models.TextChoices):
+    """A machine's drain (deployments/drain.py): its copies move to the cluster's other machines, or stop as
+    the plan agreed to said, and it takes nothing new."""
+
+    STARTING = "starting", "Starting the drain"  # Ray is told; the plan is checked again against what runs now
+    MOVING = "moving", "Moving copies"  # each copy's replacement starts on its target before the copy stops
+    DRAINED = "drained", "Drained"  # it runs nothing and takes nothing new: work on it
+    LEAVING = "leaving", "Leaving the cluster"  # Remove from cluster: drained, it leaves Ray and the cluster
+    STOPPING = "stopping", "Stopping the drain"  # Stop drain: it leaves Ray and joins again
+
+
+_D = DrainState
+DRAIN_TRANSITIONS: dict[str, frozenset[str]] = {
+    _D.STARTING: frozenset({_D.MOVING, _D.DRAINED, _D.STOPPING}),
+    _D.MOVING: frozenset({_D.DRAINED, _D.STOPPING}),
+    _D.DRAINED: frozenset({_D.LEAVING, _D.STOPPING}),
+    _D.LEAVING: frozenset(),  # the machine leaves the cluster, and the drain's record with it
+    _D.STOPPING: frozenset(),  # the record goes once it is back in Ray
+}
+
+DRAIN_BADGE = {_D.STARTING: "blue", _D.MOVING: "blue", _D.DRAINED: "amber", _D.LEAVING: "blue", _D.STOPPING: "blue"}

@@ -30,11 +30,14 @@ log = logging.getLogger(__name__)
 
 QUESTION = "copies"
 WATCHED = (CopyState.SERVING,)
+# Copies of a model running without a deployment are not repaired: nobody deploys it any more (it is taken over
+# first, deployments/orphans.py).
+OWNED = {"deployment__orphaned_at__isnull": True}
 
 
 def copies_ask(agent: Agent, member: ClusterMember) -> list[dict] | None:
     """The health check's question to a machine that runs copies: what its agent says of each."""
-    if not Copy.objects.filter(machine_id=member.machine_id, state__in=WATCHED).exists():
+    if not Copy.objects.filter(machine_id=member.machine_id, state__in=WATCHED, **OWNED).exists():
         return None
     return [{"copy": s.copy, "running": s.running, "healthy": s.healthy, "pid": s.pid, "log_tail": s.log_tail}
             for s in agent.copy_list()]
@@ -48,7 +51,7 @@ def copies_checked(cluster, answers: dict) -> None:
         member = members.get(member_id)
         if member is None:
             continue
-        watched = list(Copy.objects.filter(machine_id=member.machine_id, deployment__cluster=cluster, state__in=WATCHED)
+        watched = list(Copy.objects.filter(machine_id=member.machine_id, deployment__cluster=cluster, state__in=WATCHED, **OWNED)
                        .select_related("deployment", "machine"))
         if not watched:
             continue
@@ -92,7 +95,7 @@ def look_again_soon(copy: Copy, words: str, *, look: int, unwell_since: float) -
 def copy_look(copy_id: int, *, look: int = 1, unwell_since: float | None = None) -> str:
     """Ask the copy's machine about it and say what was found. An engine that ended is restarted at the
     second unwell look; one that runs but does not answer, once it has been silent for the grace."""
-    copy = Copy.objects.select_related("deployment__cluster", "machine").filter(pk=copy_id, state__in=WATCHED).first()
+    copy = Copy.objects.select_related("deployment__cluster", "machine").filter(pk=copy_id, state__in=WATCHED, **OWNED).first()
     if copy is None or copy.machine is None:
         return "not serving any more"
     try:

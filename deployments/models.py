@@ -4,7 +4,7 @@ from fractions import Fraction
 from django.db import models
 from django.urls import reverse
 
-from deployments.choices import COPY_BADGE, MODEL_BADGE, CopyState, ModelState
+from deployments.choices import COPY_BADGE, DRAIN_BADGE, MODEL_BADGE, CopyState, DrainState, ModelState
 
 
 class StoredModel(models.Model):
@@ -86,6 +86,13 @@ class ModelHolding(models.Model):
         return f"{self.model} on {self.machine}"
 
 
+class DeploymentQuerySet(models.QuerySet):
+    def shown(self):
+        """The deployments the lists, pages and API show: not those whose copies run without a deployment
+        (deleted while they could not be stopped; the cluster's page lists them apart)."""
+        return self.filter(orphaned_at__isnull=True)
+
+
 class Deployment(models.Model):
     """A model served on a cluster under the name clients use at the gateway, as a number of copies.
 
@@ -108,9 +115,14 @@ class Deployment(models.Model):
     engine_options = models.JSONField(default=list, blank=True, help_text="More options for the engine, as its flags")
     generation = models.PositiveIntegerField(default=1)
     deleting_since = models.DateTimeField(null=True, blank=True, help_text="Delete was asked: its copies stop, then it goes")
+    orphaned_at = models.DateTimeField(null=True, blank=True, help_text=(
+        "Deleted while its copies could not be stopped (the cluster could not be reached): they run without a "
+        "deployment, hold their GPUs and answer at the gateway until they are taken over (deployments/orphans.py)"))
     created_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = DeploymentQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]
@@ -120,6 +132,11 @@ class Deployment(models.Model):
 
     def get_absolute_url(self) -> str:
         return reverse("deployments:detail", args=[self.pk])
+
+    @property
+    def orphaned(self) -> bool:
+        """Its copies run without a deployment: it is listed on its cluster's page, not as a deployment."""
+        return self.orphaned_at is not None
 
     @property
     def gpus(self) -> Fraction:
@@ -161,6 +178,15 @@ class Copy(models.Model):
     pid = models.PositiveIntegerField(null=True, blank=True, help_text="The engine's process, as its machine reports it")
     log_tail = models.TextField(blank=True, help_text="The engine's last lines while it starts or after it failed")
     restarts = models.PositiveIntegerField(default=0)
+    api_key_sealed = models.TextField(blank=True, default="", help_text=(
+        "The copy's own key (the engine's VLLM_API_KEY), sealed with the secrets key: only the gateway sends it. "
+        "Empty for a copy started before copies had keys"))
+    agent_key = models.CharField(max_length=63, blank=True, default="", help_text=(
+        "Its id on its machine when that is not d<deployment>-c<number>: an engine taken over that no record knew "
+        "keeps the id it was started with"))
+    tls = models.BooleanField(default=False, help_text=(
+        "Its engine serves mutual TLS (the machine's copy certificate; it asks the gateway's and the checks' client "
+        "certificate), as it was started"))
     created_at = models.DateTimeField(auto_now_add=True)
     serving_since = models.DateTimeField(null=True, blank=True)
 
@@ -174,7 +200,7 @@ class Copy(models.Model):
     @property
     def key(self) -> str:
         """The copy's name on its machine (the agent's copy id)."""
-        return f"d{self.deployment_id}-c{self.number}"
+        return self.agent_key or f"d{self.deployment_id}-c{self.number}"
 
     @property
     def badge(self) -> str:
@@ -182,7 +208,8 @@ class Copy(models.Model):
 
     @property
     def url(self) -> str | None:
-        return f"http://{self.address}:{self.port}" if self.address and self.port else None
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{self.address}:{self.port}" if self.address and self.port else None
 
 
 class GatewayKey(models.Model):
@@ -214,3 +241,34 @@ class GatewayKey(models.Model):
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+class Drain(models.Model):
+    """A machine being drained, or drained (deployments/drain.py): one per machine, while it lasts.
+
+    ``plan`` is the drain plan the person agreed to (deployments/drain_plan.py), as the card showed it:
+    ``{"moves": [{"copy": id, "to": machine id}], "stops": [{"copy": id, "reason": "..."}]}``. ``remove``:
+    Remove from cluster, so the machine leaves the cluster once drained. While the record is there the
+    machine takes no new copy (placement reads it).
+    """
+
+    machine = models.OneToOneField("machines.Machine", on_delete=models.CASCADE, related_name="drain")
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.CASCADE, related_name="drains")
+    state = models.CharField(max_length=16, choices=DrainState.choices, default=DrainState.STARTING)
+    state_reason = models.TextField(blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+    remove = models.BooleanField(default=False, help_text="Remove from cluster: the machine leaves once drained")
+    plan = models.JSONField(default=dict, blank=True, help_text="The drain plan agreed to")
+    job = models.ForeignKey("console.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    started_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    started_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cluster", "machine__name"]
+
+    def __str__(self) -> str:
+        return f"{self.machine} in {self.cluster}: {self.get_state_display()}"
+
+    @property
+    def badge(self) -> str:
+        return DRAIN_BADGE[self.state]

@@ -135,8 +135,8 @@ def render_deployments_topic(arg: str, part: str, role: roles.Role) -> list[str]
 
 
 def render_deployment_topic(arg: str, part: str, role: roles.Role) -> list[str]:
-    deployment = Deployment.objects.select_related("cluster", "model").filter(pk=int(arg)).first()
-    if deployment is None:
+    deployment = Deployment.objects.shown().select_related("cluster", "model").filter(pk=int(arg)).first()
+    if deployment is None:  # deleted, or its copies run without a deployment now
         return [render_to_string("deployments/deployment_detail.html#deleted", {"oob": True})]
     context = deployment_page(deployment, role) | {"oob": True}
     return [render_to_string("deployments/deployment_detail.html#header", context),

@@ -14,11 +14,12 @@ from clusters.choices import MemberState
 from clusters.models import Cluster
 from deployments import placement
 from deployments.choices import HOLDS_ROOM, CopyState
-from deployments.models import Copy, Deployment
+from deployments.models import Copy, Deployment, Drain
 from machines.models import Accelerator, short_model
 
 MIB = 2**20
-# A machine takes new copies while it is up in the cluster; draining (next issue) will say no here too.
+# A machine takes new copies while it is up in the cluster and not draining (a Drain record: draining,
+# drained or leaving).
 UP = frozenset({MemberState.JOINED})
 # A queued copy that has a place holds it too: it starts there once its turn comes.
 HOLDS = Q(state__in=HOLDS_ROOM) | Q(state=CopyState.QUEUED, machine__isnull=False)
@@ -33,18 +34,20 @@ def deployment_kind(deployment: Deployment) -> placement.GpuKind:
     return gpu_kind(deployment.gpu_vendor, deployment.gpu_model, deployment.gpu_memory_mib)
 
 
-def cluster_rooms(cluster: Cluster, *, leaving_out=(), adding=()) -> list[placement.MachineRoom]:
+def cluster_rooms(cluster: Cluster, *, leaving_out=(), adding=(), holding=None) -> list[placement.MachineRoom]:
     """The cluster's machines with their GPUs, less what its copies hold (those of ``leaving_out``, copy
     ids, not counted: a copy being placed again gives its own room back), and less ``adding``: more
-    ``(slots, deployment id, memory per GPU in MiB)`` held, by copies a plan placed but nobody recorded."""
+    ``(slots, deployment id, memory per GPU in MiB)`` held, by copies a plan placed but nobody recorded.
+    ``holding``: the copies holding room as those triples, when the caller read them already (the drain plan)."""
     members = list(cluster.members.select_related("machine").order_by("machine__name"))
     machine_ids = [m.machine_id for m in members]
     taken_share: dict[tuple[int, int], Fraction] = defaultdict(Fraction)
     taken_memory: dict[tuple[int, int], int] = defaultdict(int)
     ports: dict[int, set[int]] = defaultdict(set)
     copies_here: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))  # machine -> deployment -> copies
-    holding = (Copy.objects.filter(HOLDS, deployment__cluster=cluster).exclude(pk__in=list(leaving_out))
-               .values_list("slots", "deployment_id", "deployment__memory_per_gpu_mib"))
+    if holding is None:
+        holding = (Copy.objects.filter(HOLDS, deployment__cluster=cluster).exclude(pk__in=list(leaving_out))
+                   .values_list("slots", "deployment_id", "deployment__memory_per_gpu_mib"))
     for slots, deployment_id, memory_mib in [*holding, *adding]:
         for slot in slots:
             copies_here[slot["machine"]][deployment_id] += 1
@@ -55,6 +58,7 @@ def cluster_rooms(cluster: Cluster, *, leaving_out=(), adding=()) -> list[placem
                 taken_memory[(machine_id, index)] += memory_mib * MIB
             if slot.get("port"):
                 ports[machine_id].add(slot["port"])
+    draining = set(Drain.objects.filter(machine_id__in=machine_ids).values_list("machine_id", flat=True))
     gpus: dict[int, list[placement.Gpu]] = defaultdict(list)
     for machine_id, index, vendor, model, memory_mib, foreign in (
             Accelerator.objects.filter(machine_id__in=machine_ids).order_by("machine_id", "index")
@@ -64,7 +68,7 @@ def cluster_rooms(cluster: Cluster, *, leaving_out=(), adding=()) -> list[placem
         gpus[machine_id].append(placement.Gpu(index=index, kind=gpu_kind(vendor, model, memory_mib), share_taken=share,
                                               memory_taken_bytes=taken_memory[(machine_id, index)]))
     return [placement.MachineRoom(id=m.machine_id, name=m.machine.name, arch=m.machine.arch, up=m.state in UP,
-                                  accepts_new=True, gpus=tuple(gpus[m.machine_id]), ports_taken=frozenset(ports[m.machine_id]),
+                                  accepts_new=m.machine_id not in draining, gpus=tuple(gpus[m.machine_id]), ports_taken=frozenset(ports[m.machine_id]),
                                   deployment_copies=dict(copies_here[m.machine_id]))
             for m in members]
 

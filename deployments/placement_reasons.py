@@ -41,6 +41,11 @@ def gigabytes(size: int) -> str:
     return f"{size / GB:.1f} GB"
 
 
+def gibibytes(size: int) -> str:
+    """``30 GiB``, ``37.5 GiB``: GPU memory as the drain plan's sentences say it."""
+    return f"{size / GB:.0f} GiB" if size % GB == 0 or size >= 100 * GB else f"{size / GB:.1f} GiB"
+
+
 def names_of(names: list[str]) -> tuple[str, str]:
     """``lab-a`` / ``lab-a and lab-b`` / ``lab-a, lab-b and 3 more``, with the verb that agrees."""
     if len(names) == 1:
@@ -122,6 +127,9 @@ class Reasons:
     down: dict  # (kind, arch) -> names of the machines that are down
     port_range: tuple[int, int]
     any_up: bool
+    # The sentence when a GPU has the share free but not the memory: its name, index, free, total and need
+    # (as gigabytes gives them), free_gib and need_gib (as gibibytes gives them).
+    memory_sentence: str = MEMORY
     said: dict = field(default_factory=dict)
 
     def why(self, kind, arch: str, quarters: int, memory: int, slots: int, per: int) -> str:
@@ -149,8 +157,9 @@ class Reasons:
             return DRAINING.format(names=names, verb=verb)
         if quarters < 4 and (best := usable.best_share.get(quarters)):
             free, name, index = best
-            sentence = MEMORY.format(name=name, index=index, free=gigabytes(free), total=gigabytes(kind.memory_bytes),
-                                     need=gigabytes(memory))
+            sentence = self.memory_sentence.format(
+                name=name, index=index, free=gigabytes(free), total=gigabytes(kind.memory_bytes), need=gigabytes(memory),
+                free_gib=gibibytes(free), need_gib=gibibytes(memory))
         elif usable.anything_free or not (sentence := self._elsewhere(kind, arch, any_room=True)):
             sentence = self._short(kind, usable, quarters, slots, per)
         if name := here.draining.taker(quarters, memory, slots, per):

@@ -10,27 +10,35 @@ deployment's next copies are placed, so a deployment of n copies pops each machi
 n times. Room only shrinks during a plan, so a want (group, size, memory) that failed fails again at
 once, and the reasons are worked out after the last copy, once per want (``placement_reasons.py``).
 
+A copy may be held to some machines (``want(copy, only=...)``: the drain plan's machines that hold the
+copy's model files): it is placed from a group of its own over those machines' rooms (the same
+objects, so what it takes is taken for everyone), built once for each ``only`` given in a row. The
+whole group's heaps are built again before a copy without ``only`` uses them.
+
 Takes placement's dataclasses by their attributes and gives back plain tuples, so that it does not
 import placement.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 from heapq import heapify, heappop, heappush
 from operator import attrgetter, itemgetter
 
-from deployments.placement_reasons import BAD_MEMORY, BAD_SIZE, Kind, Offer, Reasons
+from deployments.placement_reasons import BAD_MEMORY, BAD_SIZE, MEMORY, Kind, Offer, Reasons
 
 SHARE_OF = {1: Fraction(1, 4), 2: Fraction(1, 2), 4: Fraction(1)}  # quarters -> a slot's share of each GPU
 
 
 def free_quarters(gpu) -> int:
     """The quarters of the GPU no copy holds (a share that is not a whole quarter takes the quarter it starts)."""
-    if not gpu.share_taken:
+    share = gpu.share_taken
+    if not share:
         return 4
-    return min(4, max(0, 4 - math.ceil(4 * Fraction(gpu.share_taken))))
+    if isinstance(share, float):
+        share = Fraction(share)
+    # ceil(4 * share) from its numerator and denominator: cheaper than the Fraction arithmetic (a fleet's worth of GPUs)
+    return min(4, max(0, 4 + (-4 * share.numerator // share.denominator)))
 
 
 def _quarters(gpus) -> int | None:
@@ -68,12 +76,13 @@ class _Machine:
 
 
 class _Room:
-    """One machine's GPUs of one kind during a plan: the free ones (highest index first) and the shared ones."""
+    """One machine's GPUs of one kind during a plan: the free ones (highest index first), the shared ones,
+    and how many are full (nothing more goes on them: counted, not kept)."""
 
-    __slots__ = ("machine", "free", "shared", "version")
+    __slots__ = ("machine", "free", "shared", "full", "version")
 
     def __init__(self, machine: _Machine):
-        self.machine, self.free, self.shared, self.version = machine, [], [], 0
+        self.machine, self.free, self.shared, self.full, self.version = machine, [], [], 0, 0
 
     def entry(self) -> tuple:
         return (-len(self.free), self.machine.id, 0, self.version, self)
@@ -95,16 +104,18 @@ class _Group:
     """The machines up with one kind of GPU and one arch. Heap entries: (-room, machine id, GPU index, version, item)."""
 
     __slots__ = ("kind", "arch", "rooms", "draining", "heap", "shared", "largest", "per_slot", "aside", "shared_aside",
-                 "touched")
+                 "touched", "part", "stale")
 
     def __init__(self, kind, arch: str):
         self.kind, self.arch, self.rooms, self.draining = kind, arch, [], []
         self.heap, self.shared, self.largest, self.per_slot = [], [[] for _ in range(5)], 0, 1
         # The entries of machines holding the deployment being placed, out of ``heap`` and ``shared`` meanwhile
         self.aside, self.shared_aside, self.touched = [], [[] for _ in range(5)], False
+        # part: a group over some of another's machines (``only``); stale: a part took room, so the heaps are built again
+        self.part, self.stale = False, False
 
     def add(self, room: _Room, taking: bool) -> None:
-        self.largest = max(self.largest, len(room.free) + len(room.shared))
+        self.largest = max(self.largest, len(room.free) + len(room.shared) + room.full)
         if not taking:
             self.draining.append(room)
             return
@@ -114,6 +125,20 @@ class _Group:
         for shared in room.shared:
             if shared.quarters:
                 self.shared[shared.quarters].append(shared.entry())
+
+    def heaps_again(self) -> None:
+        """The heaps from the rooms as they are now (a part of the group took from them meanwhile)."""
+        self.heap, self.shared = [], [[] for _ in range(5)]
+        self.aside, self.shared_aside = [], [[] for _ in range(5)]
+        for room in self.rooms:
+            if room.free:
+                self.heap.append(room.entry())
+            for shared in room.shared:
+                if shared.quarters:
+                    self.shared[shared.quarters].append(shared.entry())
+        for heap in (self.heap, *self.shared):
+            heapify(heap)
+        self.stale = False
 
 
 def _top(heap: list, need: int, holders: Mapping[int, int], aside: list):
@@ -153,6 +178,7 @@ class PlanState:
         self.port_range, self.groups, self.canon, self.kinds = port_range, {}, {}, {}
         self.kept, self.down, self.failed, self.holders, self.any_up = [], {}, set(), {}, False
         self.touched, self.aside_for = [], None  # the groups with entries set aside, and for which deployment
+        self.only, self.parts, self.rooms_of = None, {}, {}  # want(only=...): the last only, its parts; rooms by machine
         machines = sorted(machines, key=attrgetter("id"))
         for before, machine in zip(machines, machines[1:]):
             if before.id == machine.id:
@@ -188,11 +214,12 @@ class PlanState:
                 given, kind = gpu.kind, self._kind(gpu.kind)
                 found = rooms.get(id(kind))
                 room = found[1] if found else rooms.setdefault(id(kind), (kind, _Room(state)))[1]
-            if not gpu.share_taken and not gpu.memory_taken_bytes:
+            if not gpu.memory_taken_bytes and not gpu.share_taken:  # the int first: a Fraction's truth costs a call
                 room.free.append(gpu.index)
-            else:  # shares, or memory something holds: only shares may still go on it
-                memory = max(0, kind.memory_bytes - gpu.memory_taken_bytes)
-                room.shared.append(_Shared(state, gpu.index, free_quarters(gpu), memory))
+            elif quarters := free_quarters(gpu):  # shares, or memory something holds: only shares may still go on it
+                room.shared.append(_Shared(state, gpu.index, quarters, max(0, kind.memory_bytes - gpu.memory_taken_bytes)))
+            else:
+                room.full += 1
         for kind, room in rooms.values():
             room.free.sort(reverse=True)
             group = self.groups.get((id(kind), machine.arch))
@@ -203,11 +230,19 @@ class PlanState:
             if count > 0:
                 self.holders.setdefault(deployment, {})[machine.id] = count
 
-    def want(self, copy) -> tuple:
+    def want(self, copy, only=None) -> tuple:
         """(what fails for good once it fails, or None if nothing can take it; its group; its size in
-        quarters; its slots and the GPUs of each (0 for a share); its memory on each GPU)."""
+        quarters; its slots and the GPUs of each (0 for a share); its memory on each GPU).
+
+        ``only``: the ids of the machines the copy may go to (a set; pass the same object for copies that
+        share it, one after another), or None for any."""
         quarters = _quarters(copy.gpus)
         group = self.groups.get((id(self._kind(copy.kind)), copy.arch))
+        if group is not None:
+            if only is not None:
+                group = self._part(group, only)
+            elif group.stale:
+                group.heaps_again()
         memory, count, per = copy.memory_per_gpu_bytes, 1, 0
         if quarters is not None and quarters >= 4:
             per = quarters >> 2
@@ -215,6 +250,39 @@ class PlanState:
                 count, per = per // group.per_slot, group.per_slot
         fits = group is not None and quarters is not None and 0 <= memory <= group.kind.memory_bytes
         return (group, quarters, memory) if fits else None, group, quarters, count, per, memory
+
+    def _part(self, group: _Group, only) -> _Group:
+        """The group over the machines of ``group`` in ``only``: the same rooms, heaps of its own."""
+        if only is not self.only:
+            self.only, self.parts = only, {}  # parts of an earlier only may be out of date: built anew when asked
+        part = self.parts.get(id(group))
+        if part is not None:
+            return part
+        rooms = self.rooms_of.get(id(group))
+        if rooms is None:
+            rooms = self.rooms_of[id(group)] = {room.machine.id: (room, True) for room in group.rooms}
+            rooms.update((room.machine.id, (room, False)) for room in group.draining)
+        part = self.parts[id(group)] = _Group(group.kind, group.arch)
+        part.largest, part.per_slot, part.part = group.largest, group.per_slot, True  # a copy spans as in the whole group
+        heap, shared = part.heap, part.shared
+        for machine_id in only:
+            found = rooms.get(machine_id)
+            if found is None:
+                continue
+            room, taking = found
+            if not taking:
+                part.draining.append(room)
+                continue
+            part.rooms.append(room)
+            if room.free:
+                heap.append(room.entry())
+            for item in room.shared:
+                if item.quarters:
+                    shared[item.quarters].append(item.entry())
+        for heap in (heap, *shared):
+            heapify(heap)
+        group.stale = True
+        return part
 
     def place(self, deployment: int, want: tuple) -> list[tuple] | None:
         """A copy of ``deployment`` that wants ``want``: its slots (machine id, GPU indices, share of
@@ -316,31 +384,47 @@ class PlanState:
                 options.append(((holders[entry[1]], 1, 0) + entry[:4], entry))
         return min(options, key=itemgetter(0))[1] if options else None
 
-    def reasons(self, refused: Sequence[tuple]) -> list[str]:
-        """Why each refused copy was refused, from what is free once the plan is made."""
+    def reasons(self, refused: Sequence[tuple], memory_sentence: str = MEMORY) -> list[str]:
+        """Why each refused copy was refused, from what is free once the plan is made. A copy held to some
+        machines (``want(only=...)``) is told about those machines alone."""
         summary = {}
         for group in self.groups.values():
-            usable, portless, draining = Offer(), Offer(), Offer()
-            for room in group.rooms:
-                _offer_add(usable if room.machine.free_port() is not None else portless, room, group.kind)
-            for room in group.draining:
-                _offer_add(draining, room, group.kind)
-            summary[(group.kind, group.arch)] = Kind(usable.finish(), portless.finish(), draining.finish())
-        sentences = Reasons(summary, self.down, self.port_range, self.any_up)
-        each, said = [], {}  # id(want) -> its reason: consecutive copies of a deployment share one want
+            summary[(group.kind, group.arch)] = _summary(group)
+        sentences = Reasons(summary, self.down, self.port_range, self.any_up, memory_sentence=memory_sentence)
+        each, said, of_part = [], {}, {}  # id(want) -> its reason: consecutive copies of a deployment share one want
         for copy, want in refused:
             reason = said.get(id(want))
             if reason is None:
-                _, _, quarters, count, per, memory = want
+                _, group, quarters, count, per, memory = want
+                told = sentences
+                if group is not None and group.part:
+                    told = of_part.get(id(group))
+                    if told is None:
+                        told = of_part[id(group)] = Reasons({(group.kind, group.arch): _summary(group)}, {},
+                                                            self.port_range, True, memory_sentence=memory_sentence)
                 if quarters is None:
                     reason = BAD_SIZE.format(gpus=copy.gpus)
                 elif memory < 0:
                     reason = BAD_MEMORY.format(memory=memory)
                 else:
-                    reason = sentences.why(copy.kind, copy.arch, quarters, memory, count, per)
+                    reason = told.why(copy.kind, copy.arch, quarters, memory, count, per)
                 said[id(want)] = reason
             each.append(reason)
         return each
+
+
+def _summary(group: _Group) -> Kind:
+    """What the group's machines have free now, for the reasons."""
+    usable, portless, draining = Offer(), Offer(), Offer()
+    for room in sorted(group.rooms, key=_by_machine) if group.part else group.rooms:
+        _offer_add(usable if room.machine.free_port() is not None else portless, room, group.kind)
+    for room in sorted(group.draining, key=_by_machine) if group.part else group.draining:
+        _offer_add(draining, room, group.kind)
+    return Kind(usable.finish(), portless.finish(), draining.finish())
+
+
+def _by_machine(room: _Room) -> int:
+    return room.machine.id
 
 
 def _offer_add(offer: Offer, room: _Room, kind) -> None:

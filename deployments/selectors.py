@@ -17,8 +17,9 @@ def deployments_list(queryset=None, limit: int | None = None) -> list[Deployment
 
 
 def deployments_counted(queryset=None):
-    """Deployments (all, or those of ``queryset``) annotated with their copies by state, by name."""
-    return (queryset if queryset is not None else Deployment.objects.all()).select_related("cluster", "model").annotate(
+    """Deployments (all, or those of ``queryset``) annotated with their copies by state, by name; never those
+    whose copies run without a deployment (``Deployment.orphaned_at``)."""
+    return (queryset if queryset is not None else Deployment.objects.all()).shown().select_related("cluster", "model").annotate(
         serving=Count("copy_rows", filter=Q(copy_rows__state=CopyState.SERVING)),
         failed=Count("copy_rows", filter=Q(copy_rows__state=CopyState.FAILED)),
         queued=Count("copy_rows", filter=Q(copy_rows__state=CopyState.QUEUED)),

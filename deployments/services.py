@@ -11,7 +11,9 @@ from django.db import transaction
 from clusters.lifecycle import cluster_locked
 from clusters.models import Cluster
 from console import roles
-from clusters.actions import DEPLOY, deploy_refusal
+from clusters.actions import DECIDE_ENGINE_OPTIONS, DEPLOY, deploy_refusal
+from console.audit import audit_record
+from console.choices import AuditOutcome
 from deployments import actions, engine, placement, placement_input, rollout, serving
 from deployments.asks import DeployAsk, ask_of, port_range, slot_json
 from deployments.choices import CopyState, ModelState
@@ -24,12 +26,19 @@ GPU_QUARTERS = (1, 2, 4, 8, 16, 32, 64, 128)
 WHOLE_GPU_SHARE = 0.9  # of a whole GPU's memory, suggested for a copy that has the GPU to itself
 
 
-def deployment_ask_problems(ask: DeployAsk, *, deployment: Deployment | None = None) -> dict[str, str]:
-    """Each field of the ask that is refused, with why in words (empty when it may go ahead)."""
+def deployment_ask_problems(ask: DeployAsk, *, deployment: Deployment | None = None, user=None) -> dict[str, str]:
+    """Each field of the ask that is refused, with why in words (empty when it may go ahead).
+
+    The engine options pass the allowlist for ``user``'s role (an Administrator may add the options that run
+    code or read files); a deployment's options that an Administrator gave are kept through an Operator's edit."""
     problems: dict[str, str] = {}
     if not NAME_RE.match(ask.name or ""):
         problems["name"] = ("A name clients use: 1 to 63 letters, digits and . _ : / -, starting with a letter or "
                             "a digit (llama-3-8b, team/chat).")
+    elif orphan := Deployment.objects.filter(name=ask.name, orphaned_at__isnull=False).exclude(
+            pk=getattr(deployment, "pk", None)).select_related("cluster").first():
+        problems["name"] = (f"A model running on {orphan.cluster.name} without a deployment answers under {ask.name}: "
+                            "take it over (keep it, or delete it properly) on the cluster's page first.")
     elif Deployment.objects.filter(name=ask.name).exclude(pk=getattr(deployment, "pk", None)).exists():
         problems["name"] = f"A deployment is named {ask.name} already: the gateway routes each name to one deployment."
     if ask.model.state != ModelState.READY and ask.model.state != ModelState.DOWNLOADING:
@@ -48,7 +57,9 @@ def deployment_ask_problems(ask: DeployAsk, *, deployment: Deployment | None = N
     if ask.context_length < 16 or (longest and ask.context_length > longest):
         problems["context_length"] = (f"The context length must be from 16 to the model's {longest:,} tokens." if longest
                                       else "The context length must be at least 16 tokens.")
-    if problem := engine.options_problem(list(ask.engine_options)):
+    if problem := engine.options_problem(
+            list(ask.engine_options), administrator=DECIDE_ENGINE_OPTIONS.offer(roles.acting(user)).ok,
+            kept=deployment.engine_options if deployment is not None else ()):
         problems["engine_options"] = problem
     return problems
 
@@ -81,7 +92,7 @@ def deployment_create(*, ask: DeployAsk, queue_rest: bool = False, user=None) ->
     Copies that do not fit are refused, unless ``queue_rest``: then they wait, Queued with the plan's
     reason, and start once room appears."""
     DEPLOY.offer(roles.acting(user)).check()
-    if problems := deployment_ask_problems(ask):
+    if problems := deployment_ask_problems(ask, user=user):
         raise ValidationError(problems)
     with transaction.atomic():
         cluster = cluster_locked(ask.cluster)
@@ -99,8 +110,17 @@ def deployment_create(*, ask: DeployAsk, queue_rest: bool = False, user=None) ->
             engine_options=list(ask.engine_options), created_by=user if user is not None and user.is_authenticated else None)
         rollout.copies_record(deployment, plan, first=1)
         serving.apply_start(deployment, user=user)
+        _audit_decided(deployment, ask.engine_options, kept=(), user=user)
     serving.deployment_changed(deployment)
     return deployment
+
+
+def _audit_decided(deployment: Deployment, options, *, kept, user) -> None:
+    """An entry ``deployment.engine_options`` naming the Administrator's flags the ask adds, if any."""
+    if added := [flag for flag in engine.options_decided(options) if flag not in engine.options_decided(kept)]:
+        audit_record(action="deployment.engine_options", outcome=AuditOutcome.DONE, user=user,
+                     target=f"deployment {deployment.name}",
+                     message=f"Engine options given by an Administrator: {', '.join(added)}.")
 
 
 def plan_refusal(plan: placement.Plan, copies: int) -> str:
@@ -188,7 +208,7 @@ def deployment_change(*, deployment: Deployment, ask: DeployAsk, user=None) -> D
     DEPLOY.offer(roles.acting(user)).check()
     if ask.cluster.pk != deployment.cluster_id:
         raise ValidationError({"cluster": "A deployment stays on its cluster: deploy the model on the other one."})
-    if problems := deployment_ask_problems(ask, deployment=deployment):
+    if problems := deployment_ask_problems(ask, deployment=deployment, user=user):
         raise ValidationError(problems)
     with transaction.atomic():
         cluster_locked(deployment.cluster)
@@ -198,6 +218,7 @@ def deployment_change(*, deployment: Deployment, ask: DeployAsk, user=None) -> D
         if changes := deployment_changes(current, ask):
             Deployment.objects.filter(pk=current.pk).update(generation=current.generation + 1, **changes)
             serving.apply_start(current, user=user)
+            _audit_decided(current, ask.engine_options, kept=current.engine_options, user=user)
     if ask.copies != current.copies:
         deployment_scale(deployment=Deployment.objects.get(pk=current.pk), copies=ask.copies, user=user)
     current = Deployment.objects.get(pk=current.pk)

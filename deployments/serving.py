@@ -17,8 +17,10 @@ first. Nothing here restarts a running copy: scaling touches only the difference
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -34,9 +36,9 @@ from console.choices import JOB_ACTIVE, ErrorKind, JobState
 from console.jobs import JobContext, JobError, Operation, Step, job_start
 from console.lifecycle import InvalidTransition, sources_of
 from console.models import Job
-from deployments import copy_procs, engine, placement, placement_input
+from deployments import copy_keys, copy_procs, copy_tls, engine, placement, placement_input
 from deployments.asks import ask_of, port_range, slot_json
-from deployments.choices import COPY_TRANSITIONS, HOLDS_ROOM, CopyState, ModelState
+from deployments.choices import COPY_TRANSITIONS, HOLDS_ROOM, CopyState, DrainState, ModelState
 from deployments.models import Copy, Deployment, ModelHolding
 from deployments.store import machine_files
 from machines.agent_client import Agent, AgentError
@@ -164,37 +166,72 @@ def copy_stop_begin(copy: Copy) -> None:
 
 @dataclass(frozen=True)
 class Deleted:
-    job: Job | None  # stopping its copies; None when the record went at once
-    left_on: tuple[str, ...] = ()  # machines whose copies may still run (the cluster could not be reached)
+    job: Job | None  # stopping its copies; None when nothing had to stop, or nothing could be
+    left_on: tuple[str, ...] = ()  # machines whose copies run on without a deployment (the cluster could not be reached)
+    cluster: str = ""
 
     @property
     def words(self) -> str:
         if self.job is not None:
             return "Its copies stop, then it is deleted."
         if self.left_on:
-            return (f"Deleted. The cluster could not be reached, so its copies may still be running on "
-                    f"{', '.join(self.left_on)}: they hold GPUs and answer at the gateway until they are found.")
+            return (f"Deleted. {self.cluster} could not be reached, so its copies on {', '.join(self.left_on)} keep "
+                    "running without a deployment: they hold their GPUs and answer at the gateway. Take them over "
+                    f"under Models running here without a deployment on {self.cluster}'s page once it is back.")
         return "Deleted."
 
 
 def delete_start(deployment: Deployment, *, user=None) -> Deleted:
     """Delete: stop the copies that run, then the record goes. When the cluster cannot be reached (not
-    running, or no machine up) the record goes at once, and what may still run is named."""
+    running, or no machine up) nothing can be stopped: copies that hold room are left running without a
+    deployment (``deployment_orphan``), the others go at once."""
     running = deployment.copy_rows.filter(state__in=HOLDS_ROOM)
     cluster = deployment.cluster
     reachable = cluster.state == ClusterState.RUNNING and cluster.members.filter(state=MemberState.JOINED).exists()
     if not running.exists() or not reachable:
         pk, cluster_id = deployment.pk, deployment.cluster_id
-        left = tuple(dict.fromkeys(running.exclude(state=CopyState.STOPPING).values_list("machine__name", flat=True)))
-        deployment.delete()
+        left = tuple(dict.fromkeys(n for n in running.values_list("machine__name", flat=True) if n))
+        if left:
+            deployment_orphan(deployment, reason=f"Deleted while {cluster.name} could not be reached.")
+        else:
+            deployment.delete()
         transaction.on_commit(lambda: deployment_changed(pk, cluster_id))
         queued_woken(cluster_id)  # its queued copies' places are free
-        return Deleted(job=None, left_on=tuple(n for n in left if n))
+        return Deleted(job=None, left_on=left, cluster=cluster.name)
     Deployment.objects.filter(pk=deployment.pk).update(deleting_since=timezone.now())
     for copy in deployment.copy_rows.all():
         copy_stop_begin(copy)
     return Deleted(job=job_start(kind=DELETE_KIND, title=f"Delete {deployment.name}", target_type="deployment",
                                  target_id=deployment.pk, steps=DELETE.step_names, user=user))
+
+
+def deployment_orphan(deployment: Deployment, *, reason: str) -> None:
+    """A delete that could not stop every copy: the deployment leaves the lists but its record stays, marked
+    ``orphaned_at``, with the copies that may still run. They keep their rows, so placement still counts their
+    GPUs and the gateway still routes their name to them (what the machines really do); copies that hold
+    nothing go. The cluster's page lists it under Models running here without a deployment, where it is
+    taken over: kept, or deleted properly (``deployments/orphans.py``)."""
+    now = timezone.now()
+    deployment.copy_rows.exclude(state__in=HOLDS_ROOM).delete()
+    # A stop that did not get through leaves the engine as it was: serving if it served (as far as anyone can
+    # tell), else as good as failed (the gateway is not sent to an engine that never answered).
+    copies_transition(deployment.copy_rows.filter(serving_since__isnull=False), to=CopyState.SERVING,
+                      only_from=[CopyState.STOPPING], reason=f"Running without a deployment: {reason}")
+    copies_transition(deployment.copy_rows.all(), to=CopyState.FAILED, only_from=[CopyState.STOPPING],
+                      reason=f"Running without a deployment: {reason}")
+    Copy.objects.filter(deployment=deployment).exclude(state=CopyState.SERVING).update(
+        state_reason=f"Running without a deployment: {reason}")
+    Deployment.objects.filter(pk=deployment.pk).update(orphaned_at=now, deleting_since=None,
+                                                       copies=deployment.copy_rows.count())
+    deployment.orphaned_at, deployment.deleting_since = now, None
+
+
+def delete_abandoned(job: Job) -> None:
+    """The reaper gave up on a delete: what it could not stop runs on without a deployment (never silently)."""
+    deployment = Deployment.objects.select_related("cluster").filter(pk=job.target_id, orphaned_at__isnull=True).first()
+    if deployment is not None and deployment.deleting_since:
+        deployment_orphan(deployment, reason="its delete stopped before its copies did.")
+        transaction.on_commit(lambda: deployment_changed(deployment.pk, deployment.cluster_id))
 
 
 # -- the jobs ---------------------------------------------------------------------------------------
@@ -218,7 +255,7 @@ def apply_abandoned(job: Job) -> None:
 
 def apply_once(ctx: JobContext, deployment_id: int) -> list[str]:
     deployment = Deployment.objects.select_related("cluster", "model").filter(pk=deployment_id).first()
-    if deployment is None or deployment.deleting_since:
+    if deployment is None or deployment.deleting_since or deployment.orphaned_at:
         return []
     if ctx.job.resumes:
         _resumed(deployment)
@@ -255,19 +292,30 @@ def delete_run(ctx: JobContext, *, deployment_id: int) -> None:
     STOP.always(ctx)
     failures = stops(deployment)
     if failures:
-        raise JobError("; ".join(failures) + ". Try Delete again once the machines are back.")
+        # Deleted all the same, as asked: what could not be stopped is not lost, it runs without a deployment.
+        deployment_orphan(deployment, reason=f"its delete could not stop it ({'; '.join(failures)}).")
+        deployment_changed(deployment)
+        raise JobError("; ".join(failures) + f". Those copies run without a deployment: take them over on "
+                       f"{deployment.cluster.name}'s page (Models running here without a deployment) once the "
+                       "machines are back.", kind=ErrorKind.NOT_RETRYABLE)
     pk, cluster_id = deployment.pk, deployment.cluster_id
     deployment.delete()
     ctx.on_success(lambda: deployment_changed(pk, cluster_id))
 
 
 def _members(deployment: Deployment) -> dict[int, ClusterMember]:
-    return {m.machine_id: m for m in ClusterMember.objects.filter(cluster_id=deployment.cluster_id).select_related("machine")}
+    return {m.machine_id: m for m in ClusterMember.objects.filter(cluster_id=deployment.cluster_id).select_related("machine", "cluster")}
 
 
-def stops(deployment: Deployment) -> list[str]:
-    """Stop every copy being stopped: scaled down or deleted ones go, those of a stopping cluster stay Stopped."""
-    stopping = list(deployment.copy_rows.filter(state=CopyState.STOPPING).select_related("machine"))
+def stops(deployment: Deployment, *, grace_over=()) -> list[str]:
+    """Stop every copy being stopped: scaled down or deleted ones go, those of a stopping cluster stay Stopped.
+    ``grace_over``: copies leaving a draining machine whose requests have finished (the drain's job says so)."""
+    # A copy leaving a draining machine finishes the requests it holds first: the drain's job stops it after
+    # FADEN_DRAIN_GRACE seconds out of the rotation (deployments/drain_job.py).
+    in_grace = Q(machine__drain__state=DrainState.MOVING,
+                 state_changed_at__gt=timezone.now() - timedelta(seconds=settings.FADEN_DRAIN_GRACE))
+    in_grace &= ~Q(pk__in=list(grace_over))
+    stopping = list(deployment.copy_rows.filter(state=CopyState.STOPPING).exclude(in_grace).select_related("machine"))
     if not stopping:
         return []
     members = _members(deployment)
@@ -301,8 +349,11 @@ def _queued_placed_again(deployment: Deployment) -> None:
                                                    slots=[slot_json(s) for s in placed.slots],
                                                    state_reason="Waiting for its turn to start.")
         for copy, unplaced in zip(waiting[len(plan.placed):], plan.unplaced):
+            # A copy a drain stopped keeps saying so (the drain's words, then what is missing now).
+            drained = re.search(r"stopped by the drain of [^;\s]+", copy.state_reason or "")
+            why = f"{drained.group(0).rstrip('.')}; {unplaced.reason}" if drained else unplaced.reason
             Copy.objects.filter(pk=copy.pk).update(machine=None, slots=[], port=None, address=None,
-                                                   state_reason=f"Waiting for room: {unplaced.reason}.")
+                                                   state_reason=f"Waiting for room: {why}.")
     addresses_fill(deployment)
 
 
@@ -339,13 +390,14 @@ def _files(ctx: JobContext, deployment: Deployment, mine: list[Copy]) -> list[Co
     return kept
 
 
-def command_of(deployment: Deployment, copy: Copy, model_dir: str) -> engine.EngineCommand:
+def command_of(deployment: Deployment, copy: Copy, model_dir: str, *, api_key: str | None = None,
+               tls: bool = False) -> engine.EngineCommand:
     first = copy.slots[0]
     return engine.vllm_command(
         model_dir=model_dir, name=deployment.name, address=copy.address, port=copy.port, vendor=deployment.gpu_vendor,
         gpu_indices=first["gpus"], machines=len(copy.slots), memory_per_gpu_mib=deployment.memory_per_gpu_mib,
         gpu_memory_mib=deployment.gpu_memory_mib, context_length=deployment.context_length,
-        options=deployment.engine_options)
+        options=deployment.engine_options, api_key=api_key, tls=tls)
 
 
 def _start(deployment: Deployment, copy: Copy) -> str | None:
@@ -353,10 +405,22 @@ def _start(deployment: Deployment, copy: Copy) -> str | None:
     if holding is None:
         copy_transition(copy, to=CopyState.FAILED, reason="Its machine does not hold the model's files.")
         return f"{copy}: its machine does not hold the model's files"
-    command = command_of(deployment, copy, holding.path)
-    copy_transition(copy, to=CopyState.STARTING, reason="The engine loads the model.", log_tail="")
+    tls = deployment.cluster.model_tls  # model traffic over mutual TLS (copy_tls.py)
+    command = command_of(deployment, copy, holding.path, api_key=copy_keys.copy_key_ensure(copy), tls=tls)
+    members = _members(deployment)
+    if tls:
+        first = members.get(copy.machine_id)
+        try:
+            if first is None:
+                raise copy_tls.CertificateFailed(f"{copy.machine.name} is not in {deployment.cluster.name} any more.")
+            copy_tls.certificates_ensure(deployment.cluster, first)
+        except copy_tls.CertificateFailed as exc:
+            words = getattr(exc, "message", None) or str(exc)
+            copy_transition(copy, to=CopyState.FAILED, reason=f"No certificate for its TLS: {words}")
+            return f"{copy}: {words}"
+    copy_transition(copy, to=CopyState.STARTING, reason="The engine loads the model.", log_tail="", tls=tls)
     try:
-        pid = copy_procs.start(deployment, copy, command, _members(deployment))
+        pid = copy_procs.start(deployment, copy, command, members)
     except copy_procs.CopyStartError as exc:
         copy_transition(copy, to=CopyState.FAILED, reason=str(exc))
         return f"{copy}: {exc}"
@@ -422,7 +486,10 @@ def last_line(text: str) -> str:
 
 
 def cluster_stopping(cluster, deleting: bool = False) -> None:
-    """Stop keeps the deployments; its copies read Stopped (the runtime's stop ends their engines)."""
+    """Stop keeps the deployments; its copies read Stopped (the runtime's stop ends their engines). A model
+    running without a deployment ends with the runtime too: its record goes (one that outlives the stop, on a
+    machine the stop could not reach, is found again by Look for them as an engine no record knows)."""
+    Deployment.objects.filter(cluster=cluster, orphaned_at__isnull=False).delete()
     copies_transition(Copy.objects.filter(deployment__cluster=cluster), to=CopyState.STOPPED,
                       reason=f"{cluster.name} is stopped: started again when it starts.",
                       only_from=HOLDS_ROOM | {CopyState.QUEUED}, pid=None)
@@ -432,7 +499,7 @@ def cluster_stopping(cluster, deleting: bool = False) -> None:
 
 def cluster_running(cluster) -> None:
     """Start (or a head's restart) applies the cluster's models again: their copies start where they were."""
-    for deployment in Deployment.objects.filter(cluster=cluster, deleting_since__isnull=True):
+    for deployment in Deployment.objects.filter(cluster=cluster, deleting_since__isnull=True, orphaned_at__isnull=True):
         copies_transition(deployment.copy_rows.all(), to=CopyState.QUEUED, reason="Waiting for its turn to start.",
                           only_from=[CopyState.STOPPED, CopyState.SERVING, CopyState.STARTING, CopyState.COPYING,
                                      CopyState.FAILED], pid=None)

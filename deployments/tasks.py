@@ -3,9 +3,10 @@ from celery import shared_task
 
 from clusters.lifecycle import cluster_changed
 
+from console import live
 from console.jobs import job_run
 from console.models import Job
-from deployments import copy_health, rollout, serving
+from deployments import copy_health, drain, drain_job, orphans, rollout, serving
 from deployments.store import downloads, machine_files, sources
 
 
@@ -57,6 +58,38 @@ def deployment_delete(job_id: int) -> None:
     job = Job.objects.get(pk=job_id)
     job_run(job_id, lambda ctx: serving.delete_run(ctx, deployment_id=job.target_id),
             on_change=lambda j: serving.deployment_changed(j.target_id))
+
+
+@shared_task(acks_late=True)
+def machine_drain(job_id: int) -> None:
+    """A machine's drain: its copies move (make before break) or stop as agreed; Drained; with Remove, it leaves."""
+    job = Job.objects.get(pk=job_id)
+    drain_id = job.params.get("drain")
+
+    def changed(j: Job) -> None:
+        row = drain.Drain.objects.filter(pk=drain_id).values_list("cluster_id", flat=True).first()
+        live.push(f"machine:{j.target_id}", part="job")
+        if row:
+            cluster_changed(row, part="job")
+
+    job_run(job_id, lambda ctx: drain_job.drain_run(ctx, drain_id=drain_id), on_change=changed)
+
+
+@shared_task(acks_late=True)
+def orphans_look(job_id: int) -> None:
+    """Look for them: every machine of the cluster asked which engines it runs; the cluster's card follows."""
+    job = Job.objects.get(pk=job_id)
+    job_run(job_id, lambda ctx: orphans.orphans_look_run(ctx, cluster_id=job.target_id),
+            on_change=lambda j: orphans.orphans_changed(j.target_id))
+
+
+@shared_task(acks_late=True)
+def orphan_take(job_id: int) -> None:
+    """Take over a model running without a deployment: keep it, or delete it properly."""
+    job = Job.objects.get(pk=job_id)
+    job_run(job_id, lambda ctx: orphans.orphan_take_run(ctx, cluster_id=job.target_id, name=job.params["name"],
+                                                        keep=bool(job.params.get("keep"))),
+            on_change=lambda j: orphans.orphans_changed(j.target_id))
 
 
 @shared_task(acks_late=True)

@@ -1,7 +1,8 @@
 from django.urls import path
 
-from deployments import views
+from deployments import drain_views, orphan_views, views
 from deployments.store.views import cluster_model_source
+from deployments.tls_views import cluster_encrypt_model_traffic
 
 app_name = "deployments"
 
@@ -18,4 +19,12 @@ urlpatterns = [
     path("<int:pk>/scale/", views.deployment_scale, name="scale"),
     path("<int:pk>/delete/", views.deployment_delete, name="delete"),
     path("clusters/<int:pk>/model-source/", cluster_model_source, name="model-source"),
+    path("clusters/<int:pk>/orphans/look/", orphan_views.cluster_orphans_look, name="orphans-look"),
+    path("clusters/<int:pk>/orphans/keep/", orphan_views.cluster_orphan_keep, name="orphan-keep"),
+    path("clusters/<int:pk>/orphans/delete/", orphan_views.cluster_orphan_delete, name="orphan-delete"),
+    path("drain/plan/", drain_views.drain_plan_page, name="drain-plan"),
+    path("drain/start/", drain_views.drain_start, name="drain-start"),
+    path("machines/<int:pk>/stop-drain/", drain_views.drain_stop, name="stop-drain"),
+    path("machines/<int:pk>/cancel-removal/", drain_views.removal_cancel, name="cancel-removal"),
+    path("clusters/<int:pk>/encrypt-model-traffic/", cluster_encrypt_model_traffic, name="encrypt-model-traffic"),
 ]

@@ -90,7 +90,7 @@ def deployment_plan(request):
     cluster, model = _chosen(request.POST)
     try:
         ask = forms.ask_from(request.POST, cluster=cluster, model=model)
-        if problems := services.deployment_ask_problems(ask):
+        if problems := services.deployment_ask_problems(ask, user=request.user):
             raise ValidationError(problems)
     except ValidationError as exc:
         return _form_again(request, cluster, model, errors=_errors(exc))
@@ -122,7 +122,7 @@ def _errors(exc: ValidationError) -> dict:
 
 
 def deployment_detail(request, pk: int):
-    deployment = get_object_or_404(Deployment.objects.select_related("cluster", "model"), pk=pk)
+    deployment = get_object_or_404(Deployment.objects.shown().select_related("cluster", "model"), pk=pk)
     return render(request, "deployments/deployment_detail.html",
                   pages.deployment_page(deployment, role_of(request.user)) | pages.deployment_traffic(deployment)
                   | {"live_topics": f"topic=deployment:{pk}"})
@@ -140,7 +140,7 @@ def deployment_traffic(request, pk: int):
 def deployment_change(request, pk: int):
     """A deployment's Change form (GET), and its submit: the service replaces the copies one at a time. A form
     sent back as it came says so and restarts nothing."""
-    deployment = get_object_or_404(Deployment.objects.select_related("cluster", "model"), pk=pk)
+    deployment = get_object_or_404(Deployment.objects.shown().select_related("cluster", "model"), pk=pk)
     role = role_of(request.user)
     if request.method != "POST":
         return render(request, "deployments/deployment_change.html", pages.deployment_change_page(deployment, role=role))
@@ -163,10 +163,10 @@ def deployment_change(request, pk: int):
 @require_POST
 def deployment_change_plan(request, pk: int):
     """Where the replacement copies would go, before anything changes."""
-    deployment = get_object_or_404(Deployment.objects.select_related("cluster", "model"), pk=pk)
+    deployment = get_object_or_404(Deployment.objects.shown().select_related("cluster", "model"), pk=pk)
     try:
         ask = forms.change_ask_from(request.POST, deployment)
-        if problems := services.deployment_ask_problems(ask, deployment=deployment):
+        if problems := services.deployment_ask_problems(ask, deployment=deployment, user=request.user):
             raise ValidationError(problems)
     except ValidationError as exc:
         return _change_again(request, deployment, errors=_errors(exc))
@@ -187,7 +187,7 @@ def _change_again(request, deployment, *, errors: dict | None = None, plan: dict
 
 @require_POST
 def deployment_scale(request, pk: int):
-    deployment = get_object_or_404(Deployment, pk=pk)
+    deployment = get_object_or_404(Deployment.objects.shown(), pk=pk)
     copies = params.int_param(request.POST, "copies", low=0, high=services.COPIES_MAX)
     try:
         if copies is None:
@@ -203,7 +203,7 @@ def deployment_scale(request, pk: int):
 
 @require_POST
 def deployment_delete(request, pk: int):
-    deployment = get_object_or_404(Deployment, pk=pk)
+    deployment = get_object_or_404(Deployment.objects.shown(), pk=pk)
     name = deployment.name
     try:
         deleted = services.deployment_delete(deployment=deployment, user=request.user)

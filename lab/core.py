@@ -312,7 +312,7 @@ def _remove_state_files(state: LabState) -> None:
 
 
 def _lab_links() -> list[str]:
-    pattern = re.compile(r"^(flb-[a-z0-9]+|f[lm](\d+|h)-[a-z0-9]+)$")  # bridges, machines' and the hub's veths
+    pattern = re.compile(r"^(flb-[a-z0-9]+|f[lm](\d+|h)-[a-z0-9]+|fls-[a-z0-9]+)$")  # bridges; veths
     return sorted(name for name in os.listdir("/sys/class/net") if pattern.match(name))
 
 

@@ -14,7 +14,7 @@ Unit tests replace ``Agent.open`` with a fake that answers from a script.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -29,6 +29,7 @@ from machines.agent_results import (
     node_files_change_from, placed_model_from, ray_status_from, runtime_status_from, shared_change_from,
     shared_cleared_from, shared_status_from,
 )
+from machines.agent_results import FirewallState, firewall_state_from
 from machines.models import Machine
 from machines.services import machine_target
 
@@ -44,6 +45,7 @@ class FileSource:
 
     url: str
     token: str = ""
+    pin: str = ""  # with an https:// url: the SHA-256 of the certificate to accept (the console's, agent 0.10.0)
 
 
 @dataclass(frozen=True)
@@ -116,16 +118,21 @@ class Agent:
         """The console's URL as this machine sees it (where it downloads from and sends heartbeats to)."""
         return remote.console_url(self.conn)
 
+    def agent_console_url(self) -> str:
+        """The agents' TLS listener's URL as this machine sees it (0.10.0 agents, with the pin)."""
+        return remote.agent_console_url(self.conn)
+
     # -- facts and the heartbeat (enrolment) ---------------------------------------------------
 
     def facts(self) -> dict:
         return self._call("facts")["facts"]
 
-    def heartbeat_start(self, *, url: str, interval: int, token: str) -> HeartbeatStarted:
+    def heartbeat_start(self, *, url: str, interval: int, token: str, pin: str = "") -> HeartbeatStarted:
         """Start the heartbeat daemon; the token goes on stdin, never on a command line. A daemon of
-        another agent version or configuration is stopped (that process alone) and started again."""
+        another agent version or configuration is stopped (that process alone) and started again. With
+        ``pin`` (agent 0.10.0, an https:// url) the beats go only to a console showing that certificate."""
         return heartbeat_started_from(self._call("heartbeat", "start", "--url", url, "--interval", str(interval),
-                                                 stdin=token.encode() + b"\n"))
+                                                 *(["--pin", pin] if pin else []), stdin=token.encode() + b"\n"))
 
     def heartbeat_status(self) -> HeartbeatStatus:
         return heartbeat_status_from(self._call("heartbeat", "status", timeout=30))
@@ -141,13 +148,19 @@ class Agent:
         """Fetch a file into the machine's store, chunk by verified chunk, resuming what an earlier try
         left; the bytes that crossed the network (resends included)."""
         body = {"digest": spec.digest, "size": spec.size, "chunk_size": spec.chunk_size, "chunk_hashes": spec.chunk_hashes,
-                "source": {"url": source.url, **({"token": source.token} if source.token else {})}}
+                "source": {"url": source.url, **({"token": source.token} if source.token else {}),
+                           **({"pin": source.pin} if source.pin else {})}}
         result = self._call("blob", "fetch", stdin=json.dumps(body).encode(), timeout=timeout, on_progress=on_progress, abort=abort)
         return int(result.get("bytes_fetched", 0))
 
-    def serve_start(self, *, bind: str, port: int) -> None:
-        """Serve the files this machine holds to the others, on the cluster's network."""
-        self._call("blob", "serve", "start", "--bind", bind, "--port", str(port), timeout=30)
+    def serve_start(self, *, bind: str, port: int, token: str | None = None) -> None:
+        """Serve the files this machine holds to the others, on the cluster's network; with ``token`` (agent
+        0.10.0), only to a fetch that sends it (given on stdin, never on the command line)."""
+        if token:
+            self._call("blob", "serve", "start", "--bind", bind, "--port", str(port), "--token-stdin",
+                       stdin=json.dumps({"token": token}).encode(), timeout=30)
+        else:
+            self._call("blob", "serve", "start", "--bind", bind, "--port", str(port), timeout=30)
 
     def serve_stop(self) -> None:
         self._call("blob", "serve", "stop", timeout=60)
@@ -244,6 +257,11 @@ class Agent:
     def ray_stop(self, *, abort: Abort | None = None) -> None:
         self._call("ray", "stop", timeout=60, abort=abort)
 
+    def ray_drain(self, *, head: str, node_id: str, reason: str) -> tuple[bool, str]:
+        """Ray's drain of one node, asked on the head (agent 0.11.0): (accepted, Ray's words when not)."""
+        answer = self._call("ray", "drain", "--head", head, "--node-id", node_id, "--reason", reason, timeout=90)
+        return bool(answer.get("accepted")), str(answer.get("refusal") or "")
+
     # -- a cluster's files on its machines: hostfile, settings, hosts, node-to-node SSH, sshd's trust ----
 
     def node_files_write(self, spec: Mapping) -> NodeFilesChange:
@@ -263,10 +281,11 @@ class Agent:
         """What /shared is on the machine, and whether it can export it with NFS, mount NFS, or mount sshfs."""
         return shared_status_from(self._call("shared", "status", timeout=30))
 
-    def shared_export(self, *, method: str, allow_from: str) -> SharedChange:
+    def shared_export(self, *, method: str, members: Sequence[str]) -> SharedChange:
         """Make the machine the head of /shared (1777, the hostfile copied in); with ``nfs`` exported to the
-        cluster's subnet ``allow_from`` only."""
-        return shared_change_from(self._call("shared", "export", "--method", method, "--allow-from", allow_from, timeout=120))
+        other members' addresses ``members`` only, one line each, root_squash (agent 0.10.0)."""
+        flags = ["--members", ",".join(members)] if method == "nfs" else []
+        return shared_change_from(self._call("shared", "export", "--method", method, *flags, timeout=120))
 
     def shared_mount(self, *, head: str, method: str) -> SharedChange:
         """Mount the head's /shared on /shared (``head``: its address on the cluster's network); a live mount of
@@ -309,3 +328,64 @@ class Agent:
         """Send to a machine's probe server for ``seconds``; the measured Mbit/s."""
         result = self._call("probe", "send", "--to", to, "--port", str(port), "--seconds", str(seconds), timeout=seconds + 30)
         return float(result["mbps"])
+
+    # -- the cluster's secrets on the machine: Ray's token (agent 0.10) ---------------------------
+
+    def cluster_secrets_write(self, *, cluster: str, ray_token: str) -> None:
+        """Put the cluster's secrets in its directory on the machine (0700, files 0600); the token goes on
+        stdin, never on a command line, and the answer names files only."""
+        self._call("cluster", "secrets", "write", "--cluster", cluster,
+                   stdin=json.dumps({"ray_token": ray_token}).encode(), timeout=60)
+
+    def cluster_secrets_remove(self, *, cluster: str) -> bool:
+        """Take the cluster's secrets directory away from the machine; False when there was none."""
+        return bool(self._call("cluster", "secrets", "remove", "--cluster", cluster, timeout=60).get("removed"))
+
+    # -- the cluster's firewall: its own nftables table on each member (agent 0.10) ---------------------
+
+    def ssh_client_address(self) -> str:
+        """The address this SSH session comes from as the machine sees it: where the console's connections
+        come from (the firewall lets it in to the copies and the file server). Empty when sshd does not say."""
+        words = remote.run(self.conn, ["printenv", "SSH_CONNECTION"], timeout=30).stdout.split()
+        return words[0] if words else ""
+
+    def firewall_write(self, *, cluster: str, spec: Mapping) -> FirewallState:
+        """Replace the cluster's nftables table on the machine whole (``clusters.firewall.firewall_spec``
+        builds the spec, which goes on stdin); a bad part is bad_input, no nft not_retryable."""
+        return firewall_state_from(self._call("firewall", "write", "--cluster", cluster,
+                                              stdin=json.dumps(dict(spec)).encode(), timeout=60), present=True)
+
+    def firewall_remove(self, *, cluster: str) -> FirewallState:
+        """Delete the cluster's table (the machine left it, or it was deleted); harmless when there is none."""
+        return firewall_state_from(self._call("firewall", "remove", "--cluster", cluster, timeout=60), present=False)
+
+    def firewall_status(self, *, cluster: str) -> FirewallState:
+        """Whether the cluster's table is on the machine, with its rules as nft lists them."""
+        return firewall_state_from(self._call("firewall", "status", "--cluster", cluster, timeout=60))
+
+    # -- node logins taken back (agent 0.10.0) ------------------------------------------------------
+
+    def node_revocations_write(self, *, cluster: str, krl: bytes) -> bool:
+        """Replace the machine's key revocation list for ``cluster``'s node logins (the KRL's bytes on stdin);
+        whether it changed. Refused (not_retryable) when the machine's node settings are not that cluster's."""
+        return bool(self._call("node", "revocations", "write", "--cluster", cluster, stdin=krl, timeout=60).get("changed"))
+
+    # -- TLS: the cluster's keys (made on the machine) and certificates (console/pki.py signs them) ----
+
+    def tls_request(self, *, cluster: str, roles: list[str], address: str) -> dict[str, str]:
+        """A new key on the machine for each role (it never leaves it) and its signing request: {role: PEM} (agent 0.10.0)."""
+        result = self._call("tls", "request", "--cluster", cluster, "--role", ",".join(roles), "--address", address, timeout=60)
+        return {str(role): str(pem) for role, pem in (result.get("requests") or {}).items()}
+
+    def tls_install(self, *, cluster: str, ca: str, certificates: Mapping[str, str]) -> dict[str, str]:
+        """Put the certificates beside their keys, with the authority's: {role: expiry, ISO 8601} (agent 0.10.0).
+        Certificates are no secret, but they go on stdin all the same: they do not fit a command line."""
+        body = json.dumps({"ca": ca, "certificates": dict(certificates)}).encode()
+        result = self._call("tls", "install", "--cluster", cluster, stdin=body, timeout=60)
+        return {str(role): str((entry or {}).get("not_after") or "") for role, entry in (result.get("installed") or {}).items()}
+
+    def tls_status(self, *, cluster: str) -> dict:
+        """What is installed for the cluster: {"ca", "certificates": {role: {"not_after", "serial"}}, "pending"} (agent 0.10.0)."""
+        result = self._call("tls", "status", "--cluster", cluster, timeout=30)
+        return {"ca": result.get("ca"), "certificates": dict(result.get("certificates") or {}),
+                "pending": list(result.get("pending") or [])}

@@ -100,6 +100,13 @@ class CopyStatus:
     pid: int | None
     port: int | None
     log_tail: str  # the engine's last lines (its own words when it failed)
+    # What the machine recorded when it started the engine (Look for them reads it for engines no record knows).
+    cluster: str = ""
+    address: str = ""
+    started_at: float | None = None  # seconds since the epoch
+    argv: tuple[str, ...] = ()
+    env_names: tuple[str, ...] = ()
+    gpus: tuple[int, ...] | None = None  # the GPU indices its environment shows it; None: not said (older agent)
 
 
 @dataclass(frozen=True)
@@ -205,9 +212,17 @@ def node_files_change_from(raw: dict) -> NodeFilesChange:
 
 def copy_status_from(raw: dict) -> CopyStatus:
     lines = raw.get("log_tail") or raw.get("log") or ""
+    gpus = raw.get("gpus")
+    started = raw.get("started_at")
     return CopyStatus(copy=str(raw.get("copy") or ""), running=bool(raw.get("running")), healthy=bool(raw.get("healthy")),
                       pid=raw.get("pid"), port=raw.get("port"),
-                      log_tail="\n".join(lines) if isinstance(lines, list) else str(lines))
+                      log_tail="\n".join(lines) if isinstance(lines, list) else str(lines),
+                      cluster=str(raw.get("cluster") or ""), address=str(raw.get("address") or ""),
+                      started_at=float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None,
+                      argv=tuple(str(a) for a in raw.get("argv") or () if isinstance(a, str)),
+                      env_names=tuple(str(n) for n in raw.get("env_names") or () if isinstance(n, str)),
+                      gpus=tuple(int(i) for i in gpus if isinstance(i, int) and not isinstance(i, bool))
+                      if isinstance(gpus, list) else None)
 
 
 def placed_model_from(raw: dict) -> PlacedModel:
@@ -252,3 +267,25 @@ def hub_check_from(raw: dict) -> HubCheck:
 def allreduce_result_from(raw: dict) -> AllReduceResult:
     return AllReduceResult(exit_status=int(raw.get("exit_status", -1)), timed_out=bool(raw.get("timed_out")),
                            stderr_tail=tuple(str(line) for line in raw.get("stderr_tail") or ()))
+
+
+# -- the cluster's firewall (``firewall write|remove|status``, agent 0.10) --------------------------
+
+
+@dataclass(frozen=True)
+class FirewallState:
+    """The cluster's nftables table on a machine, as ``firewall write``, ``remove`` or ``status`` left it."""
+
+    table: str  # "inet fadenstack_<cluster>"
+    present: bool  # the table is there now
+    replaced: tuple[str, ...] = ()  # other clusters' tables a write took away
+    ruleset: str = field(default="", repr=False)  # status: ``nft list table``'s text
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+def firewall_state_from(raw: dict, *, present: bool | None = None) -> FirewallState:
+    """``present`` given by the caller for write (True) and remove (False); status says it itself."""
+    return FirewallState(table=str(raw.get("table") or ""),
+                         present=bool(raw.get("present")) if present is None else present,
+                         replaced=tuple(str(t) for t in raw.get("replaced") or ()),
+                         ruleset=str(raw.get("ruleset") or ""), raw=raw)

@@ -5,6 +5,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from console import bodies
+from console.agent_tls import agents_over_tls
 from machines import services
 
 # A heartbeat is a few hundred bytes of JSON (the agent's version, its runtime section); this leaves room and no more.
@@ -16,6 +17,7 @@ UNKNOWN_TOKEN = "No machine holds this token; enrol the machine again."
 @csrf_exempt
 @login_not_required
 @require_POST
+@agents_over_tls
 def agent_heartbeat(request: HttpRequest):
     """A machine's agent says it is alive: ``Authorization: Bearer <its token>``, a small JSON body.
 

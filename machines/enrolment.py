@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 from fabric import Connection
 
+from console import agent_tls
 from console.jobs import JobContext, JobError
 from machines import remote, services, steps
 from machines.agent import AgentBuild, Preflight, agent_build, agent_install, machine_preflight
@@ -89,13 +90,15 @@ def heartbeat_start(ctx: JobContext, *, machine: Machine, agent: Agent, prefligh
     The agent restarts a daemon that runs another agent version or configuration, and that daemon
     only: it stops it by its own pid, so Ray and the containers (processes of their own) run on.
     """
-    url = remote.console_url(agent.conn, preflight.ssh_client_address) + HEARTBEAT_PATH
+    # Over TLS to the console's agents' certificate, pinned (the agent is the console's own build by now).
+    url = remote.agent_console_url(agent.conn, preflight.ssh_client_address) + HEARTBEAT_PATH
+    pin = agent_tls.pin()
     token, token_hash = services.heartbeat_token_new()
     with transaction.atomic():
         # Store the hash first: the first beat may arrive before the command returns.
         Machine.objects.filter(pk=machine.pk).update(heartbeat_token_hash=token_hash)
-    started = agent.heartbeat_start(url=url, interval=settings.FADEN_HEARTBEAT_INTERVAL, token=token)
-    ctx.detail(f"every {settings.FADEN_HEARTBEAT_INTERVAL} s to {url}")
+    started = agent.heartbeat_start(url=url, interval=settings.FADEN_HEARTBEAT_INTERVAL, token=token, pin=pin)
+    ctx.detail(f"every {settings.FADEN_HEARTBEAT_INTERVAL} s to {url} (certificate sha256 {pin[:16]}…)")
     return started
 
 

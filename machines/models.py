@@ -3,6 +3,7 @@ import functools
 import re
 from collections import Counter
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -101,6 +102,14 @@ class Machine(models.Model):
         """What the list's tag and the page's notice show: an outdated agent on a machine that has one
         (not one waiting for its host key or being enrolled, which gets the current agent anyway)."""
         return self.state not in AGENT_PENDING and self.agent_outdated
+
+    @property
+    def agent_over_plain_http(self) -> str:
+        """For an agent older than 0.10.0 (which reaches the console over plain HTTP, not TLS to a pinned
+        certificate): "allowed" or "refused" as FADEN_AGENT_PLAIN_HTTP says, for the page's notice; else ""."""
+        if not self.agent_update_available or not agent_outdated(self.agent_version, "0.10.0"):
+            return ""
+        return "allowed" if settings.FADEN_AGENT_PLAIN_HTTP else "refused"
 
     @property
     def runtime(self) -> runtimes.Runtime | None:

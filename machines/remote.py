@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import paramiko
 from cryptography.hazmat.primitives import serialization
@@ -298,6 +299,16 @@ def console_url(conn: Connection, seen_as: str = "") -> str:
         ) from exc
     host = f"[{seen_as}]" if seen_as.version == 6 else str(seen_as)
     return f"http://{host}:{settings.FADEN_WEB_PORT}"
+
+
+def agent_console_url(conn: Connection, seen_as: str = "") -> str:
+    """The agents' TLS listener as the machine sees it (console/agent_tls.py): FADEN_AGENT_TLS_URL, or the
+    host of FADEN_CONSOLE_URL (else the address the SSH session came from) on FADEN_AGENT_TLS_PORT."""
+    if settings.FADEN_AGENT_TLS_URL:
+        return settings.FADEN_AGENT_TLS_URL
+    host = urlsplit(console_url(conn, seen_as)).hostname
+    host = f"[{host}]" if ":" in host else host
+    return f"https://{host}:{settings.FADEN_AGENT_TLS_PORT}"
 
 
 def upload(conn: Connection, local: Path, remote: str) -> None:

@@ -8,7 +8,7 @@ signed, for whom and until when. The private key stays in ssh_ca; this module ne
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -36,7 +36,7 @@ class Issued:
 
 
 def certificate_issue(*, user, public_key: str, cluster: str, principals: Sequence[str],
-                      valid_seconds: int | None = None) -> Issued:
+                      valid_seconds: int | None = None, on_signed: Callable[[SSHCertificate], object] | None = None) -> Issued:
     """Sign a certificate for ``user``'s ``public_key`` that opens ``principals`` (the logins of
     ``cluster``'s nodes, machines/sshd.py), valid for ``FADEN_SSH_CERT_SECONDS`` (or less when
     ``valid_seconds`` says so). Refused with the rules' sentence: PermissionDenied for the person,
@@ -44,7 +44,9 @@ def certificate_issue(*, user, public_key: str, cluster: str, principals: Sequen
 
     The serial is the row's id; the row is written and the certificate signed in one durable
     transaction, so a certificate is handed out only once its serial is committed and can never
-    be drawn again (SQLite would draw a rolled-back id again)."""
+    be drawn again (SQLite would draw a rolled-back id again). ``on_signed`` is called with the row in that
+    transaction (the cluster records the certificate as one of its node logins: clusters/node_logins.py), so
+    no certificate leaves unrecorded."""
     ssh_rules.certificate_request_offer(
         role=roles.acting(user), node_logins_allowed=roles.node_logins_allowed(user),
         public_key=public_key, ca_fingerprint=ssh_ca.ca_fingerprint(),
@@ -64,6 +66,8 @@ def certificate_issue(*, user, public_key: str, cluster: str, principals: Sequen
         row.valid_after = datetime.fromtimestamp(signed.valid_after, UTC)
         row.valid_before = datetime.fromtimestamp(signed.valid_before, UTC)
         row.save(update_fields=["key_id", "valid_after", "valid_before"])
+        if on_signed is not None:
+            on_signed(row)
     log.info("Signed the SSH certificate %s for the key %s of %s: principals %s, valid until %s.",
              key_id, parsed.fingerprint, username, ", ".join(principals), row.valid_before.isoformat())
     return Issued(certificate=line, serial=row.pk, key_id=key_id, principals=tuple(principals),

@@ -32,7 +32,8 @@ def machine_list_queryset():
 
     Lists show none of the JSON the agents and health checks report, which is most of each row's bytes.
     """
-    return (Machine.objects.select_related("membership__cluster")
+    # "drain": a drain's row (deployments' Drain, by its relation's name only), whose state the rows show.
+    return (Machine.objects.select_related("membership__cluster", "drain")
             # By index alone: the default order (machine, index) would join every machine again to sort by name.
             .prefetch_related(Prefetch("accelerators", queryset=Accelerator.objects.order_by("index")))
             .defer("facts", "membership__last_status", "membership__cluster__last_status"))

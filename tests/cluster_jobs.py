@@ -24,6 +24,7 @@ def quiet(settings, tmp_path, monkeypatch):
     monkeypatch.setattr(tasks.cluster_check, "apply_async", lambda *args, **kwargs: None)
     settings.FADEN_SECRETS_KEY_PATH = tmp_path / "keys" / "secrets.key"
     settings.FADEN_SSH_CA_KEY_PATH = tmp_path / "ssh" / "ca_ed25519"
+    settings.FADEN_TLS_DIR = tmp_path / "tls"  # the TLS authority's keys are sealed with that secrets key
 
 
 @pytest.fixture

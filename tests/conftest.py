@@ -185,4 +185,5 @@ def queued(monkeypatch):
     monkeypatch.setattr(tasks.cluster_check, "delay", lambda *args: calls.append(("cluster_check", *args)))
     monkeypatch.setattr(tasks.cluster_check, "apply_async",
                         lambda args, countdown=None, **kw: calls.append(("cluster_check later", *args, countdown)))
+    monkeypatch.setattr(tasks.cluster_firewall_refresh, "delay", lambda *args: calls.append(("cluster_firewall_refresh", *args)))
     return calls

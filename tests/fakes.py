@@ -36,7 +36,14 @@ from machines.agent_results import ImagesRemoved, SharedCleared, images_removed_
 NCCL_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nccl"
 
 
+def _visible_gpus(env: dict) -> tuple[int, ...] | None:
+    """The GPUs a copy's environment shows it, as the agent's ``copy list`` reports them."""
+    value = next((env[n] for n in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES") if n in env), None)
+    return None if value is None else tuple(int(i) for i in str(value).split(",") if i.strip())
+
+
 class FakeAgent:
+
     def __init__(self, fakes: FakeAgents, machine):
         self._fakes, self.machine = fakes, machine
 
@@ -69,6 +76,9 @@ class FakeAgent:
     def console_url(self) -> str:
         self._answer("console_url")
         return "http://198.18.0.1:8000"
+
+    def agent_console_url(self) -> str:
+        return "https://198.18.0.1:8443"
 
     def file_fetch(self, spec, source, **kwargs) -> int:
         """The whole file arrives: its size is what crossed the network."""
@@ -134,7 +144,8 @@ class FakeAgent:
         self._fakes.pids += 1
         if ray is not None and ray.get("head") is None:
             port = 40000 + self._fakes.pids
-        self._copies()[copy] = {"pid": self._fakes.pids, "port": port, "argv": argv, "env": env, "ray": ray}
+        self._copies()[copy] = {"pid": self._fakes.pids, "port": port, "argv": argv, "env": env, "ray": ray,
+                                "cluster": cluster, "address": address, "started_at": 1_700_000_000.0 + self._fakes.pids}
         return agent_results.CopyStatus(copy=copy, running=True, healthy=False, pid=self._fakes.pids, port=port, log_tail="")
 
     def copy_stop(self, copy: str, **kwargs) -> None:
@@ -148,7 +159,10 @@ class FakeAgent:
         exited = answer.get("copy_exited", {})  # {copy id or "*": its last lines}
         silent = answer.get("copy_silent", set())
         return [agent_results.CopyStatus(copy=key, running=not words, healthy=not words and key not in silent,
-                                        pid=c["pid"], port=c["port"], log_tail=words)
+                                        pid=c["pid"], port=c["port"], log_tail=words, cluster=c.get("cluster") or "",
+                                        address=c.get("address") or "", started_at=c.get("started_at"),
+                                        argv=tuple(c.get("argv") or ()), env_names=tuple(sorted(c.get("env") or {})),
+                                        gpus=_visible_gpus(c.get("env") or {}))
                 for key, c in self._copies().items() for words in [exited.get(key) or exited.get("*") or ""]]
 
     def host_key(self) -> str:
@@ -207,8 +221,8 @@ class FakeAgent:
     def _shared_change(self, *, changed: bool, method: str = "", kept: str = "") -> agent_results.SharedChange:
         return agent_results.SharedChange(changed=changed, method=method, remounted=False, kept=kept, warnings=(), raw={})
 
-    def shared_export(self, *, method: str, allow_from: str) -> agent_results.SharedChange:
-        self._shared_called("shared_export", method=method, allow_from=allow_from)
+    def shared_export(self, *, method: str, members) -> agent_results.SharedChange:
+        self._shared_called("shared_export", method=method, members=list(members))
         self._fail("shared_error")
         held = {"role": "head", "method": method}
         changed = self._fakes.shared.get(self.machine.name) != held
@@ -240,12 +254,85 @@ class FakeAgent:
         self._fail("shared_clear_error")
         return shared_cleared_from(self._answer("shared_clear").get("shared_clear") or {})
 
+    # The cluster's firewall: a table written stays on its machine (``FakeAgents.firewalls``: cluster -> spec)
+    # until removed; ``firewall_error`` (``(kind, message)``) fails a write or a remove; the console's address
+    # as the machine sees its session is ``ssh_client`` (default 198.51.100.1).
+
+    def ssh_client_address(self) -> str:
+        return self._answer("ssh_client_address").get("ssh_client", "198.51.100.1")
+
+    def firewall_write(self, *, cluster: str, spec) -> agent_results.FirewallState:
+        self._answer("firewall_write", cluster=cluster, spec=spec)
+        self._fail("firewall_error")
+        self._fakes.firewalls.setdefault(self.machine.name, {})[cluster] = spec
+        return agent_results.FirewallState(table=f"inet fadenstack_{cluster}", present=True)
+
+    def firewall_remove(self, *, cluster: str) -> agent_results.FirewallState:
+        self._answer("firewall_remove", cluster=cluster)
+        self._fail("firewall_error")
+        self._fakes.firewalls.get(self.machine.name, {}).pop(cluster, None)
+        return agent_results.FirewallState(table=f"inet fadenstack_{cluster}", present=False)
+
+    def firewall_status(self, *, cluster: str) -> agent_results.FirewallState:
+        self._answer("firewall_status", cluster=cluster)
+        return agent_results.FirewallState(table=f"inet fadenstack_{cluster}",
+                                           present=cluster in self._fakes.firewalls.get(self.machine.name, {}))
+
+    # -- TLS (pki): keys made "on the machine" (here, kept in FakeAgents.tls), requests signed by the console --------
+
+    def tls_request(self, *, cluster: str, roles: list[str], address: str) -> dict[str, str]:
+        """A real key and signing request per role; ``tls_error`` (``(kind, message)``) refuses."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        self._answer("tls_request", cluster=cluster, roles=list(roles), address=address)
+        self._fail("tls_error")
+        held = self._fakes.tls.setdefault(self.machine.name, {}).setdefault(cluster, {"pending": {}, "installed": {}})
+        requests = {}
+        for role in roles:
+            key = ec.generate_private_key(ec.SECP256R1())
+            held["pending"][role] = key
+            requests[role] = (x509.CertificateSigningRequestBuilder()
+                              .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, address)]))
+                              .sign(key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM).decode())
+        return requests
+
+    def tls_install(self, *, cluster: str, ca: str, certificates) -> dict[str, str]:
+        from cryptography import x509
+
+        self._answer("tls_install", cluster=cluster, roles=sorted(certificates))
+        self._fail("tls_error")
+        held = self._fakes.tls[self.machine.name][cluster]
+        answer = {}
+        for role, pem in certificates.items():
+            cert = x509.load_pem_x509_certificate(pem.encode())
+            key = held["pending"].pop(role)
+            assert cert.public_key() == key.public_key(), "the certificate is not for the key made on the machine"
+            held["installed"][role] = {"pem": pem, "ca": ca, "not_after": cert.not_valid_after_utc.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                       "serial": format(cert.serial_number, "x")}
+            answer[role] = held["installed"][role]["not_after"]
+        return answer
+
+    def tls_status(self, *, cluster: str) -> dict:
+        self._answer("tls_status", cluster=cluster)
+        held = self._fakes.tls.get(self.machine.name, {}).get(cluster, {"pending": {}, "installed": {}})
+        return {"ca": None, "certificates": {r: {"not_after": c["not_after"], "serial": c["serial"]} for r, c in held["installed"].items()},
+                "pending": sorted(held["pending"])}
+
+    def ray_drain(self, *, head: str, node_id: str, reason: str) -> tuple[bool, str]:
+        """Ray takes the drain, unless ``ray_drain_refusal`` gives its words."""
+        refusal = self._answer("ray_drain", head=head, node_id=node_id, reason=reason).get("ray_drain_refusal", "")
+        return not refusal, refusal
+
     def __getattr__(self, method: str):
         # Commands that only act (start, stop, join, ...) succeed and are recorded.
         return lambda *args, **kwargs: self._answer(method, **kwargs) and None
 
 
 class FakeAgents:
+
     def __init__(self, answers: dict[str, dict] | None = None):
         self.answers = answers if answers is not None else {}
         self.calls: list[tuple[str, str, dict]] = []
@@ -256,6 +343,8 @@ class FakeAgents:
         self.pids = 1000
         self.on_ray_status = None  # called whenever Ray's node list is asked for (to look at the database then)
         self.on_allreduce_line = None  # called after each line an NCCL test replays, with its index
+        self.firewalls: dict[str, dict] = {}  # machine name -> {cluster: the spec its firewall was last written with}
+        self.tls: dict[str, dict] = {}  # machine name -> cluster -> {"pending": {role: key}, "installed": {role: {...}}}
 
     @contextmanager
     def open(self, machine):

@@ -42,6 +42,27 @@ def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 30) -> 
     pytest.fail(f"the web server did not listen on {port} within {timeout} s")
 
 
+@contextlib.contextmanager
+def agents_listener(env: dict | None = None):
+    """The agents' TLS listener (faden serve's command line) on every address, on the test database: its port."""
+    from console.management.commands.serve import agents_argv
+
+    port = free_port()
+    full_env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": database_url(),
+                "FADEN_LOG_LEVEL": "WARNING", **(env or {})}
+    process = subprocess.Popen(agents_argv(sys.executable, bind="0.0.0.0", port=port), env=full_env)
+    try:
+        wait_for_port(port, process)
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
 STOP_GRACE = 5.0  # seconds the console's processes are given to end at the end of their tests
 
 
@@ -53,7 +74,7 @@ class Console:
         self.url = f"http://127.0.0.1:{port}"
         self.processes: list[subprocess.Popen] = []
         self.worker: subprocess.Popen | None = None
-        self.web = self.beat = self.gateway = None
+        self.web = self.beat = self.gateway = self.agents = None
         self.gateway_port: int | None = None
         self.gateway_url = ""
 
@@ -84,6 +105,13 @@ class Console:
         self.gateway = self.spawn(gateway_argv(sys.executable, bind="127.0.0.1", port=port, workers=1)[1:])
         self.gateway_port, self.gateway_url = port, f"http://127.0.0.1:{port}"
         wait_for_port(port, self.gateway)
+
+    def start_agents(self, port: int) -> None:
+        """The agents' TLS listener, as faden serve starts it; not waited for here (``console_processes``
+        waits once the worker started, so that the two start side by side)."""
+        from console.management.commands.serve import agents_argv
+
+        self.agents = self.spawn(agents_argv(sys.executable, bind="0.0.0.0", port=port)[1:])
 
     def start_web(self) -> None:
         self.web = self.spawn(["-m", "daphne", "-v", "0", "-b", "0.0.0.0", "-p", str(self.port), "config.asgi:application"])
@@ -129,7 +157,7 @@ def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: b
 
     from config.celery import app
 
-    port = free_port()
+    port, tls_port = free_port(), free_port()
     queue = f"fadenstack-test-{uuid.uuid4().hex[:8]}"
     full_env = {
         **os.environ,
@@ -140,14 +168,18 @@ def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: b
         # The test process is part of the same console: what it pushes reaches the console's sockets.
         "FADEN_LIVE_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
         "FADEN_CONSOLE_URL": f"http://198.18.0.1:{port}",
+        "FADEN_AGENT_TLS_URL": f"https://198.18.0.1:{tls_port}",  # the agents' listener, started below
         "FADEN_LOG_LEVEL": "WARNING",
         **(env or {}),
     }
     console = Console(env=full_env, port=port, queue=queue)
     eager, default_queue = app.conf.task_always_eager, app.conf.task_default_queue
+    agents_url = settings.FADEN_AGENT_TLS_URL  # tasks run here too (eagerly): they give the agents this listener
+    settings.FADEN_AGENT_TLS_URL = full_env["FADEN_AGENT_TLS_URL"]
     if enqueue:
         app.conf.task_always_eager, app.conf.task_default_queue = False, queue
     try:
+        console.start_agents(tls_port)  # first: it starts while the others do
         console.start_web()
         if worker:
             console.start_worker()
@@ -155,7 +187,9 @@ def console_processes(*, beat: bool = False, env: dict | None = None, enqueue: b
             console.start_beat()
         if gateway:
             console.start_gateway()
+        wait_for_port(tls_port, console.agents)
         yield console
     finally:
         app.conf.task_always_eager, app.conf.task_default_queue = eager, default_queue
+        settings.FADEN_AGENT_TLS_URL = agents_url
         console.stop()

@@ -12,6 +12,11 @@ os.environ.setdefault("FADEN_LIVE_PREFIX", f"fadenstack-test-{uuid.uuid4().hex[:
 # The gateway's figures and failure reports likewise: a run's gateway and console read only their own.
 os.environ.setdefault("FADEN_GATEWAY_REDIS_PREFIX", f"fadenstack-test-{uuid.uuid4().hex[:8]}.gateway")
 
+# The suite's Django test clients post to /agent/ over plain HTTP, as agents before 0.10.0 did; the refusal
+# without this setting is tested on its own (tests/unit/test_agent_tls.py). Real 0.10.0 agents in the lab get
+# https:// and the pin all the same.
+os.environ.setdefault("FADEN_AGENT_PLAIN_HTTP", "1")
+
 from config.settings import *  # noqa: E402,F403
 
 # No test reaches the real Hugging Face Hub: a download a test starts by accident is refused at once

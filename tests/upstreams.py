@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,21 +29,24 @@ WORDS = ("the", "gateway", "passes", "each", "token", "on", "as", "it", "comes",
 
 
 class Upstream:
-    def __init__(self, name: str, *, port: int = 0, tokens: int = 5, pause: float = 0.0, model: str = "any"):
+    def __init__(self, name: str, *, port: int = 0, tokens: int = 5, pause: float = 0.0, model: str = "any",
+                 tls: ssl.SSLContext | None = None):
         self.name, self.tokens, self.pause, self.model = name, tokens, pause, model
         self.hold: threading.Event | None = None
         self.requests: list[dict] = []
         self.aborted = 0
+        self.refused_tls = 0  # TLS handshakes it refused (no client certificate of its authority)
         self.lock = threading.Lock()
         self.server = _Server(("127.0.0.1", port), _Handler)
         self.server.upstream = self
+        self.server.tls = tls  # a server context: HTTPS, as a copy behind mutual TLS serves (handshakes in the thread)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.server.tls else 'http'}://127.0.0.1:{self.port}"
 
     def close(self) -> None:
         self.server.shutdown()
@@ -71,6 +75,24 @@ class _Server(ThreadingHTTPServer):
     def shutdown_request(self, request):
         self.open_sockets.discard(request)
         super().shutdown_request(request)
+
+    def finish_request(self, request, client_address):
+        if self.tls is None:
+            return super().finish_request(request, client_address)
+        request.settimeout(10)
+        try:
+            conn = self.tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError):
+            with self.upstream.lock:
+                self.upstream.refused_tls += 1
+            return
+        conn.settimeout(None)
+        self.open_sockets.add(conn)
+        try:
+            self.RequestHandlerClass(conn, client_address, self)
+        finally:
+            self.open_sockets.discard(conn)
+            conn.close()
 
     def handle_error(self, request, client_address):
         """A client (the gateway) that closed its connection while an answer was written: counted, not printed."""
@@ -181,14 +203,26 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+def server_context(directory: str) -> ssl.SSLContext:
+    """A copy's mutual TLS from the files of its machine's TLS directory: its certificate, and client
+    certificates of the authority required."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(f"{directory}/copy.pem", f"{directory}/copy.key")
+    context.load_verify_locations(f"{directory}/ca.pem")
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="A small OpenAI-like engine (the gateway's tests and benchmark).")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", default="engine")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--pause", type=float, default=0.0, help="seconds between two streamed tokens")
+    parser.add_argument("--tls-dir", help="serve mutual TLS as a copy does: ca.pem, copy.pem, copy.key in it")
     args = parser.parse_args()
-    upstream = Upstream(args.name, port=args.port, tokens=args.tokens, pause=args.pause)
+    upstream = Upstream(args.name, port=args.port, tokens=args.tokens, pause=args.pause,
+                        tls=server_context(args.tls_dir) if args.tls_dir else None)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

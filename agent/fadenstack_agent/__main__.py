@@ -16,7 +16,10 @@ from .protocol import RETRYABLE, AgentError, Emitter
 
 # Importing a module declares its commands (``cli.command``), in this order.
 COMMAND_MODULE_NAMES = ("facts", "heartbeat", "beat", "machine", "blob", "image", "blobserve", "models", "probe",
-                        "runtime", "ray", "copies", "nodefiles", "shared", "allreduce")
+                        "runtime", "ray", "raydrain", "copies", "nodefiles", "shared", "allreduce",
+                        "clustersecrets",
+                        "firewall",
+                        "tls")
 # A command's first word -> the modules that declare commands under it. Only those are imported: a
 # command is run over SSH for every look at a machine, and importing all of them (HTTP, TLS, threads
 # and their standard modules) costs more CPU than most commands do. Any other word loads them all
@@ -24,8 +27,11 @@ COMMAND_MODULE_NAMES = ("facts", "heartbeat", "beat", "machine", "blob", "image"
 MODULES_OF = {
     "facts": ("facts",), "heartbeat": ("heartbeat", "beat"), "version": ("machine",), "uninstall": ("machine",),
     "blob": ("blob", "blobserve"), "image": ("image", "blobserve"), "model": ("models",), "hub": ("models",),
-    "probe": ("probe",), "runtime": ("runtime",), "ray": ("ray",), "copy": ("copies",), "node": ("nodefiles",),
+    "probe": ("probe",), "runtime": ("runtime",), "ray": ("ray", "raydrain"), "copy": ("copies",), "node": ("nodefiles",),
     "shared": ("shared",), "allreduce": ("allreduce",),
+    "cluster": ("clustersecrets",),
+    "firewall": ("firewall",),
+    "tls": ("tls",),
 }
 
 

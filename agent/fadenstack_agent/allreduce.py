@@ -5,25 +5,26 @@ in nccl-tests issue #121), so the head runs Open MPI's ``mpirun`` inside its run
 process per GPU with ``-g 1``, which serves nodes of different GPU counts (``allreducespec.mpirun_argv``,
 a pure function of the spec, as everything built from it is)::
 
-    mpirun --allow-run-as-root --leave-session-attached --hostfile <store>/allreduce/hostfile -np <all GPUs>
-           --map-by slot --bind-to none --mca plm_rsh_agent <store>/allreduce/launch
+    mpirun --allow-run-as-root --leave-session-attached --host ADDR:G,ADDR:G,... -np <all GPUs>
+           --map-by slot --bind-to none --mca plm_rsh_agent "python3 /tmp/fadenstack-allreduce/launch"
            --mca plm_rsh_no_tree_spawn 1 -x FADEN_ALLREDUCE_NODES=ADDR,... -x FADEN_ALLREDUCE_SLOTS=G,...
            all_reduce_perf -b MIN -e MAX -f 2 -g 1 -n ITERS -w WARMUP -c 1
 
-The hostfile names the nodes' addresses, a slot per GPU, head first (Open MPI runs the head's process
-itself). For every other node mpirun calls the launcher (``launcher_text``, written to the store,
-which the container sees at ``/var/lib/fadenstack``) with the address and the command line of its
-daemon, ``orted``; the launcher reaches the node over the cluster's own SSH and has that node's agent
-run it: ``allreduce exec``, which runs the command inside the node's own runtime container (the
-engine and the container its ``runtime start`` recorded) and stays, watching its SSH session.
-``orted`` then starts the node's ``all_reduce_perf``; its output travels back to mpirun, which prints
-rank 0's table. (orted also wants the launcher's path to exist on its node: ``exec`` puts a placeholder.)
+The runtime is not trusted with anything of the machine's (issue 27: code in the container must not
+get root on the hosts). The cluster's root SSH key never enters it, and the agent follows, runs or
+believes nothing the runtime can write: no file of the run is in the store. What the runtime needs
+(the launcher, the pid files) is written *inside* it through the engine's ``exec`` (``Runtime``), so
+a link planted there resolves in the container; the agent's own files for the run (its record, the
+run's SSH config) are in ``<agent home>/allreduce/``, a directory only root owns, outside every mount,
+written with ``O_NOFOLLOW`` into a fresh name and renamed (``private``).
 
-The cluster's SSH is what ``node files write`` put on the machine (root's ``~/.ssh/config`` block for
-the nodes, the key ``~root/.ssh/fadenstack_cluster``, ``/etc/fadenstack/known_hosts``): for the run
-they are copied into ``<store>/allreduce/ssh/`` (0600; the config's key and known_hosts paths made
-the copies'), which the container sees with the store, and taken away when the run ends: no mount of
-root's files, and a container started before the files were written runs the test as well.
+mpirun calls the launcher for every other node with the address and its daemon's (``orted``'s)
+command line; the launcher holds no key: it asks this agent over the run's socket
+(``allreducelaunch``: an abstract Unix socket, callers checked by ``SO_PEERCRED``), and the agent, on
+the machine, reaches the node over the cluster's own SSH (root's key where ``node files write`` put
+it, never copied) and has that node's agent run the command line in its own runtime: ``allreduce
+exec``, which stays, watching its SSH session. ``orted`` then starts the node's ``all_reduce_perf``;
+its output travels back to mpirun, which prints rank 0's table.
 
 Every line mpirun prints on stdout is a progress event ``{"line": ...}`` as it comes; stderr's last
 lines come in the result. The timeout, or the console going away (its SSH channel closed: stdout's
@@ -31,9 +32,10 @@ reader is gone, which is how the console aborts), ends the run: mpirun gets SIGT
 every rank and every node's orted itself. Open MPI does not promise that much for a mpirun killed
 outright (tried: a SIGKILLed mpirun leaves its own ranks and, daemonized, the nodes' orteds running),
 so the run's process tree is taken before the SIGTERM and whatever of it is left after ``KILL_GRACE``
-s gets SIGKILL (``proctree``): mpirun, the head's ranks and the launchers' SSH clients, whose
-sessions closing make each node's ``allreduce exec`` end its own tree. One run at a time per machine
-(a lock file). With the ``process`` driver (the lab's) the same commands run on the machine itself.
+s gets SIGKILL (``proctree``: mpirun, the head's ranks, the launchers), and the agent ends the SSH
+sessions it opened, whose closing makes each node's ``allreduce exec`` end its own tree. One run at a
+time per machine (a lock file). With the ``process`` driver (the lab's) the same commands run on the
+machine itself, their files in the private directory.
 """
 
 import collections
@@ -48,81 +50,22 @@ import time
 
 from .blobspec import read_spec
 from .cli import STORE, arg, command, group
-from .allreducespec import (MPIRUN, PLACEHOLDER_LAUNCHER, PROGRAM, check_spec, hostfile_text, kill_argv, launcher_text, mpirun_argv,
-                            node_env, pid_wrapped, remote_agent_argv, run_ssh_config)
-from .containers import STORE_IN_CONTAINER, engine_environ
-from .files import (agent_home, load_machine_config, read_json, remove_quietly, running_zip, source_root, store_dir,
-                    try_lock, unlock, write_json)
+from .allreducelaunch import LaunchServer, read_private, remove_quietly, socket_name, write_private
+from .allreducespec import (LAUNCHER_PYTHON, MPIRUN, check_spec, kill_argv, launcher_text, mpirun_argv,
+                            node_env, pid_wrapped, remote_agent_argv, run_ssh_config, ssh_argv)
+from .containers import engine_environ
+from .files import agent_home, running_zip, source_root, store_dir, try_lock, unlock
 from .nodeedit import Root, block_body, decode
 from .nodefiles import KEY_NAME, KNOWN_HOSTS, SSH_BEGIN, SSH_END, root_home
-from .proctree import host_pid, kill_left, snapshot
+from .proctree import kill_left, snapshot
 from .protocol import BAD_INPUT, NOT_RETRYABLE, RETRYABLE, AgentError
-from .runtime import read_state, recorded_driver
+from .allreduceruntime import Runtime
 
-RUN_DIR = "allreduce"              # under the store: the hostfile, the launcher, the pid file, the run's record
 KILL_GRACE = 10.0                  # SIGTERM to mpirun -> SIGKILL
 STDERR_LINES = 60
 LOCK_BUSY = "An NCCL test (allreduce run) is already running on this machine"
 
 group("allreduce", help="the NCCL test: nccl-tests' all_reduce_perf across the cluster's nodes under mpirun")
-
-
-# ------------------------------------------------------------------ the runtime
-
-
-class Runtime:
-    """Where the run's commands go: the cluster's container (by its engine), or the machine itself."""
-
-    def __init__(self, store: str, cluster: str):
-        state = read_state(store)
-        if state.get("state") != "started":
-            raise AgentError(NOT_RETRYABLE, "The runtime is not started on this machine: the NCCL test runs in the "
-                                            "cluster's runtime (start the cluster first)")
-        if state.get("cluster") not in (None, cluster) and state.get("driver") != "process":
-            raise AgentError(NOT_RETRYABLE, "This machine's runtime is cluster %s's, not %s's"
-                             % (state.get("cluster"), cluster))
-        config = load_machine_config()
-        self.driver = recorded_driver(store, config)
-        self.store, self.cluster = store, cluster
-        # The process driver's all_reduce_perf may be named by path (the lab's stub), as its vllm is.
-        named = (config.get("process") or {}).get(PROGRAM) if not self.driver.per_cluster else None
-        self.program = named if isinstance(named, str) and os.path.isabs(named) else PROGRAM
-        self.in_container = self.driver.per_cluster
-        inside = STORE_IN_CONTAINER if self.in_container else store
-        self.dir, self.dir_inside = os.path.join(store, RUN_DIR), inside + "/" + RUN_DIR
-
-    def argv(self, command: list, env_names=()) -> list:
-        if self.in_container:
-            return self.driver.engine.exec_argv(self.cluster, command, env_names)
-        return list(command)
-
-    def root_pid(self, proc, pidfile: str):
-        """The machine's pid of the run's first process: ``proc`` itself on the machine; in a container,
-        the process whose pid there the pid file holds."""
-        if not self.in_container:
-            return proc.pid
-        try:
-            with open(pidfile) as handle:
-                inner = int(handle.read().strip())
-            anchor = (self.driver.state() or {}).get("pid")
-        except (OSError, ValueError, AgentError):
-            return None
-        return host_pid(inner, anchor) if anchor else None
-
-    def missing(self, programs: list) -> list:
-        """The programs the run needs that are not on the runtime's PATH (or not there, given by path)."""
-        if not self.in_container:
-            return [p for p in programs if shutil.which(p) is None]
-        script = 'for p in "$@"; do command -v "$p" >/dev/null || echo "$p"; done'
-        try:
-            done = subprocess.run(self.argv(["sh", "-c", script, "sh"] + programs), stdin=subprocess.DEVNULL,
-                                  capture_output=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise AgentError(RETRYABLE, "%s did not answer about the runtime container: %s" % (self.driver.name, exc))
-        if done.returncode != 0:
-            raise AgentError(NOT_RETRYABLE, "The runtime container fadenstack-%s cannot run commands: %s"
-                             % (self.cluster, (done.stderr or done.stdout).decode(errors="replace").strip()[-300:]))
-        return done.stdout.decode(errors="replace").split()
 
 
 # ------------------------------------------------------------------ the run
@@ -133,8 +76,6 @@ class Run:
 
     def __init__(self, runtime: Runtime, argv: list, env: dict):
         self.runtime = runtime
-        self.pidfile = runtime.dir + "/mpirun.pid"
-        remove_quietly(self.pidfile)
         command = pid_wrapped(argv, runtime.dir_inside + "/mpirun.pid")
         environ = engine_environ(env)
         try:
@@ -180,8 +121,8 @@ class Run:
     def end(self) -> bool:
         """SIGTERM to mpirun, which ends every rank and every node's daemon; SIGKILL to whatever of the
         run outlives it by the grace (all of it, when mpirun hangs: its tree as it stood, the launchers'
-        SSH sessions with it, which ends each node's part). True when something had to be killed."""
-        taken = snapshot(self.runtime.root_pid(self.proc, self.pidfile) or self.proc.pid)
+        launchers with it, whose launches the agent then ends). True when something had to be killed."""
+        taken = snapshot(self.runtime.root_pid(self.proc, "mpirun.pid") or self.proc.pid)
         self._signal("TERM")
         ended = self._ended(KILL_GRACE)
         killed = kill_left(taken)
@@ -226,13 +167,17 @@ def reader_gone(fd: int = 1) -> bool:
     return any(events & (select.POLLERR | select.POLLHUP | select.POLLNVAL) for _, events in poller.poll(0))
 
 
-def _lock(store: str, cluster: str):
+def _lock(runtime: Runtime):
     """The machine's one run: the lock's fd, or ``retryable`` naming the run that holds it."""
     path = os.path.join(agent_home(), "allreduce.lock")
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     fd = try_lock(path)
     if fd is None:
-        held = read_json(os.path.join(store, RUN_DIR, "run.json")) or {}
+        try:
+            held = json.loads((read_private(os.path.join(runtime.dir, "run.json")) or b"{}").decode())
+        except (UnicodeDecodeError, ValueError):
+            held = {}
+        held = held if isinstance(held, dict) else {}
         since = time.strftime("%H:%M UTC", time.gmtime(held["started_at"])) if held.get("started_at") else "?"
         raise AgentError(RETRYABLE, "%s: cluster %s's, started at %s (pid %s)"
                          % (LOCK_BUSY, held.get("cluster", "?"), since, held.get("pid", "?")))
@@ -255,66 +200,60 @@ def _read(path: str):
         return None
 
 
-def copy_ssh_files(root: Root, runtime: Runtime) -> str:
-    """The cluster's SSH files, copied for the run (``<store>/allreduce/ssh/``, 0700, files 0600);
-    the config's path as the runtime sees it. Missing files: ``not_retryable`` saying which."""
+def write_ssh_config(root: Root, runtime: Runtime) -> str:
+    """The run's SSH config in the private directory (0600): root's block for the nodes, with root's
+    own key and the cluster's known_hosts where ``node files write`` put them (nothing copied, nothing
+    the runtime sees); its path. Missing files: ``not_retryable`` saying which."""
     home = root_home()
     config_path, key_path = os.path.join(home, ".ssh", "config"), os.path.join(home, ".ssh", KEY_NAME)
     block = block_body(decode(_read(root.real(config_path))), SSH_BEGIN, SSH_END)
-    key, known = _read(root.real(key_path)), _read(root.real(KNOWN_HOSTS))
-    missing = [path for path, found in ((config_path + " (its block for the nodes)", block), (key_path, key),
-                                        (KNOWN_HOSTS, known)) if found is None]
+    missing = [path for path, found in ((config_path + " (its block for the nodes)", block is not None),
+                                        (key_path, os.path.isfile(root.real(key_path))),
+                                        (KNOWN_HOSTS, os.path.isfile(root.real(KNOWN_HOSTS)))) if not found]
     if missing:
         raise AgentError(NOT_RETRYABLE, "The cluster's own SSH is not set up on this machine (%s missing): the "
                                         "console writes it when the cluster starts (node files write)"
                          % ", ".join(missing))
-    local, inside = runtime.dir + "/ssh", runtime.dir_inside + "/ssh"
-    os.makedirs(local, mode=0o700, exist_ok=True)
-    os.chmod(local, 0o700)
-    texts = {"key": key, "known_hosts": known,
-             "config": run_ssh_config(block, inside + "/key", inside + "/known_hosts").encode()}
-    for name, data in texts.items():
-        fd = os.open(os.path.join(local, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-    return inside + "/config"
+    path = os.path.join(runtime.dir, "ssh_config")
+    write_private(path, run_ssh_config(block, root.real(key_path), root.real(KNOWN_HOSTS)).encode())
+    return path
 
 
-def write_executable(path: str, text: str, keep: bool = False) -> None:
-    if keep and os.path.exists(path):
-        return  # a head's own launcher (this node leads runs too)
-    with open(path, "w") as handle:
-        handle.write(text)
-    os.chmod(path, 0o755)
-
-
-def remove_ssh_files(runtime: Runtime) -> None:
-    for name in ("key", "known_hosts", "config"):
-        remove_quietly(os.path.join(runtime.dir, "ssh", name))
-
-
-def _prepare(runtime: Runtime, spec: dict) -> list:
-    """The hostfile, the launcher and (with other nodes) the SSH files in the store; mpirun's argv."""
-    os.makedirs(runtime.dir, mode=0o755, exist_ok=True)
-    hostfile, launcher = runtime.dir + "/hostfile", runtime.dir + "/launch"
-    write_json(runtime.dir + "/run.json", {"cluster": spec["cluster"], "pid": os.getpid(),
-                                            "started_at": round(time.time(), 3)})
-    ssh_config = copy_ssh_files(Root.from_env(), runtime) if len(spec["nodes"]) > 1 else "/dev/null"
-    with open(hostfile, "w") as handle:
-        handle.write(hostfile_text(spec["nodes"]))
-    write_executable(launcher, launcher_text(remote_agent_argv(spec["cluster"], running_zip(), source_root()), ssh_config))
-    return mpirun_argv(spec, runtime.dir_inside + "/hostfile", runtime.dir_inside + "/launch", runtime.program)
+def _prepare(runtime: Runtime, spec: dict, name: str) -> list:
+    """The run's record and (with other nodes) its SSH config in the private directory, the launcher
+    in the runtime; mpirun's argv."""
+    write_private(os.path.join(runtime.dir, "run.json"), json.dumps(
+        {"cluster": spec["cluster"], "pid": os.getpid(), "started_at": round(time.time(), 3)}).encode(), 0o644)
+    launcher = runtime.put_launcher(launcher_text(name))
+    return mpirun_argv(spec, launcher, runtime.program)
 
 
 def _check_tools(runtime: Runtime, spec: dict) -> None:
-    """mpirun, all_reduce_perf (and ssh, with other nodes) in the runtime, else ``not_retryable``."""
-    programs = [MPIRUN, runtime.program] + (["ssh"] if len(spec["nodes"]) > 1 else [])
+    """mpirun, all_reduce_perf (and python3 for the launcher, with other nodes) in the runtime, and ssh on
+    the machine, else ``not_retryable``."""
+    programs = [MPIRUN, runtime.program] + ([LAUNCHER_PYTHON] if len(spec["nodes"]) > 1 else [])
     missing = runtime.missing(programs)
     if missing:
         where = "The runtime container fadenstack-%s" % spec["cluster"] if runtime.in_container else "This machine"
         raise AgentError(NOT_RETRYABLE, "%s has no %s: the NCCL test needs Open MPI's mpirun, nccl-tests' "
-                                        "all_reduce_perf and an SSH client in the runtime image"
+                                        "all_reduce_perf and python3 in the runtime image"
                          % (where, ", ".join(missing)))
+    if len(spec["nodes"]) > 1 and shutil.which("ssh") is None:
+        raise AgentError(NOT_RETRYABLE, "This machine has no ssh: the NCCL test's head reaches the other nodes "
+                                        "over the cluster's SSH from the machine (not from the runtime)")
+
+
+def _serve_launches(runtime: Runtime, spec: dict, name: str, config: str, run_holder: dict):
+    """The run's launches (``allreducelaunch``): each node of the run once (mpirun runs the head's ranks
+    itself when it knows the head's address as its own; when it does not, it launches there too)."""
+    remote = remote_agent_argv(spec["cluster"], running_zip(), source_root())
+
+    def allowed(pid: int) -> bool:
+        run = run_holder.get("run")
+        return run is not None and runtime.caller_check(run.proc)(pid)
+
+    return LaunchServer(name, [node["address"] for node in spec["nodes"]],
+                        lambda host, command: ssh_argv(config, host, remote, command), allowed)
 
 
 @command("allreduce", "run", args=[STORE])
@@ -325,18 +264,24 @@ def cmd_run(args, out) -> int:
     Each line the run prints comes as ``{"event": "progress", "line"}``.  Result: ``{"exit_status",
     "timed_out", "stderr_tail": [its last lines], "seconds"}``.  The timeout, or the console closing the
     session, ends it on every node.  Another run on this machine: ``retryable``, naming it; the runtime
-    not started or without mpirun, all_reduce_perf or the SSH files: ``not_retryable``.
+    not started or without mpirun, all_reduce_perf or python3, or the SSH files missing: ``not_retryable``.
     """
     spec = _read_stdin_spec()
     store = store_dir(args.store)
     runtime = Runtime(store, spec["cluster"])
-    fd = _lock(store, spec["cluster"])
+    fd = _lock(runtime)
+    server = None
     try:
         _check_tools(runtime, spec)
-        argv = _prepare(runtime, spec)
+        name, holder = socket_name(), {}
+        if len(spec["nodes"]) > 1:
+            config = write_ssh_config(Root.from_env(), runtime)
+            server = _serve_launches(runtime, spec, name, config, holder)
+        argv = _prepare(runtime, spec, name)
         out.log("running: %s" % " ".join(argv))
         started = time.monotonic()
         run = Run(runtime, argv, node_env(Root.from_env()))
+        holder["run"] = run
         ended = run.stream(started + spec["timeout"], reader_gone, lambda line: out.progress(line=line))
         if ended is not None:
             out.log("ending the run (%s)" % ("its timeout of %d s" % spec["timeout"] if ended == "timeout"
@@ -346,8 +291,11 @@ def cmd_run(args, out) -> int:
         return out.result(exit_status=code, timed_out=ended == "timeout", stderr_tail=list(run.stderr),
                           seconds=round(time.monotonic() - started, 3))
     finally:
-        remove_ssh_files(runtime)
-        remove_quietly(os.path.join(runtime.dir, "run.json"))
+        if server is not None:
+            server.close()
+        runtime.clean()
+        for leftover in ("run.json", "ssh_config"):
+            remove_quietly(os.path.join(runtime.dir, leftover))
         unlock(fd)
 
 
@@ -356,9 +304,9 @@ def cmd_run(args, out) -> int:
     arg("--command", required=True, metavar="TEXT", help="a command line for sh: Open MPI's orted and its options")])
 def cmd_exec(args, out) -> int:
     """``allreduce exec --cluster NAME --command TEXT``: on another node, for the head's ``allreduce run``
-    (its launcher calls it over the cluster's SSH): runs ``sh -c TEXT`` (Open MPI's orted) in this
-    node's runtime, with this node's NCCL_* and GLOO_* settings, and ends all it started when the
-    head's session closes first (the head's mpirun is gone).
+    (the head's agent calls it over the cluster's SSH when its launcher asks): runs ``sh -c TEXT`` (Open
+    MPI's orted) in this node's runtime, never on the machine, with this node's NCCL_* and GLOO_*
+    settings, and ends all it started when the head's session closes first (the head's mpirun is gone).
 
     Prints nothing of its own once the command runs: its output and exit status are the command's.
     The runtime not started or another cluster's: ``not_retryable`` (also on stderr, for mpirun).
@@ -367,9 +315,6 @@ def cmd_exec(args, out) -> int:
         runtime = Runtime(store_dir(None), args.cluster)
         env = node_env(Root.from_env())
         argv = runtime.argv(pid_wrapped(["sh", "-c", args.command], runtime.dir_inside + "/orted.pid"), sorted(env))
-        os.makedirs(runtime.dir, mode=0o755, exist_ok=True)
-        remove_quietly(runtime.dir + "/orted.pid")
-        write_executable(runtime.dir + "/launch", PLACEHOLDER_LAUNCHER, keep=True)
         try:
             proc = subprocess.Popen(argv, env=engine_environ(env), cwd="/", start_new_session=True)
         except OSError as exc:
@@ -377,7 +322,7 @@ def cmd_exec(args, out) -> int:
     except AgentError as exc:
         os.write(2, ("fadenstack-agent allreduce exec: %s\n" % exc.message).encode())
         raise
-    return supervise(runtime, proc, runtime.dir + "/orted.pid")
+    return supervise(runtime, proc, "orted.pid")
 
 
 def supervise(runtime: Runtime, proc, pidfile: str) -> int:

@@ -1,11 +1,12 @@
 """The NCCL test's pure parts (``allreduce``): the spec from stdin checked, and what runs, built from
-it: mpirun's argv and hostfile, the launcher (Open MPI's rsh agent) and the run's SSH config, the
-pid-file wrapper and the signal sent inside a container, a node's NCCL settings from its cluster.env.
+it: mpirun's argv, the launcher (Open MPI's rsh agent, which holds no key: it asks the head's agent),
+a launch request checked, the agent's ssh to a node and the run's SSH config, the pid-file wrapper and the signal sent inside a container, a node's NCCL settings from its cluster.env.
 Nothing here starts a process; tests/agent/test_allreduce.py holds each to its text.
 """
 
 import ipaddress
 import json
+import re
 import shlex
 
 from .containers import CLUSTER_RE
@@ -91,24 +92,26 @@ def check_spec(spec) -> dict:
 # ------------------------------------------------------------------ what runs (pure)
 
 
-def hostfile_text(nodes: list) -> str:
-    """mpirun's hostfile: the nodes' addresses in rank order, a slot (a process) per GPU."""
-    return "".join("%s slots=%d\n" % (node["address"], node["gpus"]) for node in nodes)
+def hosts_arg(nodes: list) -> str:
+    """mpirun's ``--host``: the nodes' addresses in rank order, a slot (a process) per GPU (no hostfile:
+    nothing of the run is a file the runtime could change)."""
+    return ",".join("%s:%d" % (node["address"], node["gpus"]) for node in nodes)
 
 
-def mpirun_argv(spec: dict, hostfile: str, launcher: str, program: str = PROGRAM) -> list:
+def mpirun_argv(spec: dict, launcher: str, program: str = PROGRAM) -> list:
     """The whole run, one process per GPU (``-g 1``): what nccl-tests users do for nodes of different
     GPU counts, since ``-g`` is one number for every process. mpirun fills each node's slots (its GPUs)
-    in the hostfile's order, so a node's ranks follow each other. ``hostfile`` and ``launcher`` as the
-    runtime sees them. No tree spawn: only the head has the launcher; the daemons stay in their SSH
-    sessions (not daemonized), where each node's ``allreduce exec`` watches them; binding off: NCCL
-    picks each rank's GPU itself. Every rank gets the nodes' addresses in rank order and their process
-    counts (``NODES_VARIABLE``, ``SLOTS_VARIABLE``): nccl-tests has MPI and ignores them; the lab's
-    all_reduce_perf, which has none, finds its peers so."""
+    in ``--host``'s order, so a node's ranks follow each other. ``launcher``: the launcher's path as the
+    runtime sees it, run by the runtime's ``python3`` (so the nodes' daemons, which look the rsh agent's
+    first word up, find it without a copy of the launcher). No tree spawn: only the head launches; the
+    daemons stay in their sessions (not daemonized), where each node's ``allreduce exec`` watches them;
+    binding off: NCCL picks each rank's GPU itself. Every rank gets the nodes' addresses in rank order
+    and their process counts (``NODES_VARIABLE``, ``SLOTS_VARIABLE``): nccl-tests has MPI and ignores
+    them; the lab's all_reduce_perf, which has none, finds its peers so."""
     nodes = spec["nodes"]
-    return [MPIRUN, "--allow-run-as-root", "--leave-session-attached", "--hostfile", hostfile,
+    return [MPIRUN, "--allow-run-as-root", "--leave-session-attached", "--host", hosts_arg(nodes),
             "-np", str(sum(node["gpus"] for node in nodes)), "--map-by", "slot", "--bind-to", "none",
-            "--mca", "plm_rsh_agent", launcher, "--mca", "plm_rsh_no_tree_spawn", "1",
+            "--mca", "plm_rsh_agent", "%s %s" % (LAUNCHER_PYTHON, launcher), "--mca", "plm_rsh_no_tree_spawn", "1",
             "-x", "%s=%s" % (NODES_VARIABLE, ",".join(node["address"] for node in nodes)),
             "-x", "%s=%s" % (SLOTS_VARIABLE, ",".join(str(node["gpus"]) for node in nodes)),
             program, "-b", str(spec["minbytes"]), "-e", str(spec["maxbytes"]), "-f", "2",
@@ -126,29 +129,79 @@ def remote_agent_argv(cluster: str, zip_path, source) -> list:
     return program + ["allreduce", "exec", "--cluster", cluster, "--command"]
 
 
-# mpirun hands its plm_rsh_agent to every node's orted, which refuses to start (and dies of it: seen in
-# the lab) when that path is not there, though without tree spawn it never launches anything: a node
-# that is not the head gets this one at the same path, which says so if it is ever called.
-PLACEHOLDER_LAUNCHER = "#!/bin/sh\necho 'allreduce: only the head launches (no tree spawn)' >&2\nexit 1\n"
+def ssh_argv(config: str, host: str, remote: list, command: str) -> list:
+    """The head's agent (on the machine, never in the runtime) to another node over the cluster's SSH:
+    ``config`` the run's SSH config (root's block for the nodes, with root's own key), the remote
+    shell given ``remote`` and the daemon's command line as one quoted word, which that node's
+    ``allreduce exec`` runs in its own runtime."""
+    return ["ssh", "-F", config, "-o", "BatchMode=yes", "-o", "ConnectTimeout=30", "--", host,
+            shlex.join(list(remote) + [command])]
 
 
-def launcher_text(remote: list, ssh_config: str) -> str:
-    """Open MPI's rsh agent: ``launch HOST WORDS...``, the words a command for a shell (orted and its
-    options, some double-quoted). Over the cluster's SSH to HOST (``ssh_config``: the run's copy of
-    it), the remote shell gets ``remote`` and the words as one single-quoted argument, which that
-    node's ``allreduce exec`` runs."""
-    return """#!/bin/sh
-# Written by fadenstack-agent for `allreduce run`: Open MPI's launcher (plm_rsh_agent) to the other nodes.
-# mpirun calls it as: launch HOST WORDS...; the words are a command line for a shell (orted's).
-host=$1
-shift
-words=$(printf '%%s' "$*" | sed "s/'/'\\\\\\\\''/g")
-exec ssh -F %s -o BatchMode=yes -o ConnectTimeout=30 -- "$host" %s"'$words'"
-""" % (shlex.quote(ssh_config), shlex.quote(shlex.join(remote) + " "))
+# The launcher (Open MPI's rsh agent) in the runtime: ``python3 launch HOST WORDS...``. It holds no key
+# and reaches no node itself: it asks the head's agent, over the agent's socket for this run (an
+# abstract Unix socket: the runtime shares the machine's network namespace, so no mount is needed),
+# to launch WORDS (the daemon's command line) on HOST, handing it its stdout and stderr (SCM_RIGHTS)
+# for the daemon's output, and exits with the daemon's exit status, which the agent sends back.
+LAUNCHER_PYTHON = "python3"
+LAUNCHER = r"""# Written by fadenstack-agent for `allreduce run`: Open MPI's launcher (plm_rsh_agent) to the other nodes.
+# mpirun calls it as: python3 launch HOST WORDS...; the head's agent launches them on HOST (it holds the SSH).
+import array, json, socket, sys
+try:
+    agent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    agent.connect("\0" + %(socket)r)
+    request = json.dumps({"host": sys.argv[1], "command": " ".join(sys.argv[2:])}).encode() + b"\n"
+    try:
+        agent.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [1, 2]))])
+    except BrokenPipeError:
+        pass  # refused before it read: its answer says why
+    answer = b""
+    while not answer.endswith(b"\n"):
+        chunk = agent.recv(4096)
+        if not chunk:
+            break
+        answer += chunk
+except (OSError, IndexError) as exc:
+    sys.stderr.write("allreduce launcher: cannot reach the agent's launches: %%s\n" %% exc)
+    sys.exit(255)
+word, _, rest = answer.decode("utf-8", "replace").strip().partition(" ")
+if word == "exit" and rest.isdigit():
+    sys.exit(int(rest))
+sys.stderr.write("allreduce launcher: %%s\n" %% (rest or "the agent ended the launch"))
+sys.exit(255)
+"""
+
+
+def launcher_text(socket_name: str) -> str:
+    """The launcher for one run, ``socket_name`` its agent's abstract socket (without the NUL)."""
+    if not SOCKET_RE.match(socket_name):
+        raise AgentError(BAD_INPUT, "not a launch socket's name: %r" % (socket_name,))
+    return LAUNCHER % {"socket": socket_name}
+
+
+SOCKET_RE = re.compile(r"^fadenstack-allreduce-[0-9a-f]{32}$")
+MAX_COMMAND = 65536
+
+
+def check_launch(request: dict, hosts) -> tuple:
+    """A launcher's request ``{"host", "command"}`` -> ``(host, command)``: ``host`` one of ``hosts``
+    (the run's nodes, each once: the caller takes it out), ``command`` one line of
+    printable text. Anything else: ``bad_input`` saying why (the launcher prints it for mpirun)."""
+    if not isinstance(request, dict) or set(request) != {"host", "command"}:
+        raise AgentError(BAD_INPUT, "a launch is {\"host\", \"command\"}")
+    host, command = request["host"], request["command"]
+    if not isinstance(host, str) or host not in hosts:
+        raise AgentError(BAD_INPUT, "%s is not a node of this run left to launch" % json.dumps(host)[:80])
+    if (not isinstance(command, str) or not command.strip() or len(command) > MAX_COMMAND
+            or any(ord(c) < 32 and c != "\t" or ord(c) == 127 for c in command)):
+        raise AgentError(BAD_INPUT, "the command to launch must be one line of text (at most %d characters)"
+                         % MAX_COMMAND)
+    return host, command
 
 
 def run_ssh_config(block: str, key: str, known_hosts: str) -> str:
-    """Root's block for the nodes, its key and known_hosts paths made the run's copies'."""
+    """Root's block for the nodes, its key and known_hosts paths as given (root's own files where
+    ``node files write`` put them: the agent reads them on the machine, nothing is copied)."""
     lines = []
     for line in block.splitlines():
         words = line.split()
@@ -163,7 +216,7 @@ def run_ssh_config(block: str, key: str, known_hosts: str) -> str:
 def pid_wrapped(argv: list, pidfile: str) -> list:
     """``sh -c`` that writes its pid, then becomes ``argv``: the run's pid as the runtime sees it, for
     signals sent inside a container (its pids are not the machine's)."""
-    return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', pidfile] + list(argv)
+    return ["sh", "-c", 'mkdir -p -m 700 "${0%/*}" && echo $$ > "$0" && exec "$@"', pidfile] + list(argv)
 
 
 def kill_argv(signal_name: str, pidfile: str) -> list:

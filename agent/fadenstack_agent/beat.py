@@ -27,6 +27,7 @@ from .cli import command
 from .facts import run_tool
 from .gpuprocs import GpuWatch
 from .heartbeat import heartbeat_daemon, load_config
+from .pinning import PinnedHTTPSHandler
 from .protocol import NOT_RETRYABLE, AgentError
 from .runtimebeat import RuntimeWatch
 
@@ -110,7 +111,7 @@ class Runner:
     def __init__(self, out, daemon=None):
         self.out = out
         self.daemon = daemon or heartbeat_daemon()
-        self.opener = urllib.request.build_opener(_NoRedirect)
+        self.opener = None  # made for each configuration: its pin (pinning.py)
         self.stopping = False
         self.config = None
         self.signature = None
@@ -121,6 +122,14 @@ class Runner:
         self.watch_error = None
         self.gpus = GpuWatch(run_tool)
         self.gpus_error = None
+
+    def _opener(self):
+        pin = (self.config or {}).get("pin") or ""
+        if self.opener is None or getattr(self.opener, "pin", None) != pin:
+            handlers = [_NoRedirect] + ([PinnedHTTPSHandler(pin)] if pin else [])
+            self.opener = urllib.request.build_opener(*handlers)
+            self.opener.pin = pin
+        return self.opener
 
     def log(self, message: str) -> None:
         token = (self.config or {}).get("token")
@@ -223,7 +232,7 @@ class Runner:
                 self.log("the heartbeat cannot tell which processes use the GPUs: %s" % self.gpus.error)
             self.gpus_error = self.gpus.error
         try:
-            send_beat(self.opener, self.config, payload)
+            send_beat(self._opener(), self.config, payload)
         except BeatFailed as exc:
             self.failed(str(exc))
         else:

@@ -20,6 +20,7 @@ import urllib.parse
 from . import get_version
 from .blobstore import BlobFiles, adopt_old_images, write_state
 from .files import free_bytes, fsync_dir, human, read_json, remove_quietly
+from .pinning import PinMismatch, connection_class
 from .protocol import NO_ROOM, NOT_RETRYABLE, RETRYABLE, UNREACHABLE, AgentError
 
 CONNECT_TIMEOUT = 10.0
@@ -195,11 +196,14 @@ class Fetch:
             pause = min(MAX_PAUSE, pause * 2)
 
     def _connect(self):
-        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        cls = connection_class(self.https, self.spec.get("pin") or "")
         conn = cls(self.host, self.port, timeout=CONNECT_TIMEOUT)
         try:
             conn.connect()
             conn.sock.settimeout(READ_TIMEOUT)
+        except PinMismatch as exc:  # not the console it was told of: asking again changes nothing
+            conn.close()
+            raise AgentError(NOT_RETRYABLE, "%s: %s" % (self.where, exc))
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise _Dropped("cannot connect: %s" % (getattr(exc, "strerror", None) or exc))

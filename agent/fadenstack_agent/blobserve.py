@@ -15,10 +15,12 @@ bind, port, store, token_file; status: pid, port actually bound, or the
 error that stopped it): agents already running on machines use that name.
 """
 
+import contextlib
 import errno
 import hmac
 import http.server
 import ipaddress
+import json
 import os
 import re
 import signal
@@ -30,10 +32,11 @@ import time
 import urllib.parse
 
 from . import get_version
+from .blobspec import read_spec
 from .blobstore import adopt_old_images, available
 from .cli import STORE, arg, command, group, port_arg
 from .daemon import Daemon
-from .files import store_dir
+from .files import Layout, store_dir
 from .install import Launch
 from .protocol import ADDRESS_IN_USE, BAD_INPUT, NOT_RETRYABLE, RETRYABLE, AgentError
 
@@ -48,7 +51,9 @@ group("image", "serve", help="the blob server daemon (its older name)")
 
 
 def server_daemon(home=None) -> Daemon:
-    return Daemon("imageserve", "the blob server", home)
+    daemon = Daemon("imageserve", "the blob server", home)
+    daemon.token_path = os.path.join(daemon.home, "imageserve.token")
+    return daemon
 
 
 def parse_range(header, size):
@@ -229,18 +234,42 @@ def _token_file(path):
     return path
 
 
+def _token_from_stdin(server) -> str:
+    """``--token-stdin``: ``{"token": "..."}`` on stdin, written 0600 beside the server's other files (the
+    agent's home, which only root writes) and required from then on; never on a command line."""
+    try:
+        token = json.loads(read_spec(noun="token").decode("utf-8")).get("token")
+    except (UnicodeDecodeError, ValueError, AttributeError):
+        token = None
+    if not isinstance(token, str) or not TOKEN_RE.match(token):
+        raise AgentError(BAD_INPUT, 'send {"token": "..."} on stdin: 16 to 256 letters, digits, - and _')
+    path = server.token_path
+    temporary = path + ".new"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(temporary)
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    os.replace(temporary, path)
+    return path
+
+
+TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{16,256}$")
+
 START_ARGS = [
     arg("--bind", required=True, metavar="ADDR", help="address to listen on (0.0.0.0: all)"),
     arg("--port", type=port_arg, default=DEFAULT_PORT, help="TCP port (default 7470; 0: any)"),
     STORE,
     arg("--token-file", metavar="PATH", help="require this bearer token (read per request)"),
+    arg("--token-stdin", action="store_true",
+        help='require the bearer token sent on stdin as {"token": "..."} (kept 0600 in the agent\'s home)'),
 ]
 
 
 @command("image", "serve", "start", args=START_ARGS)
 @command("blob", "serve", "start", args=START_ARGS)
 def cmd_start(args, out) -> int:
-    """``blob serve start --bind ADDR [--port 7470] [--store PATH] [--token-file PATH]``
+    """``blob serve start --bind ADDR [--port 7470] [--store PATH] [--token-file PATH | --token-stdin]``
     (also ``image serve start``): start the blob server.
 
     Idempotent: the same server already running is left alone; another
@@ -255,9 +284,13 @@ def cmd_start(args, out) -> int:
     except ValueError:
         raise AgentError(BAD_INPUT, "--bind must be an IP address of this machine (or 0.0.0.0), got %r"
                          % args.bind)
-    config = {"bind": args.bind, "port": args.port, "store": store_dir(args.store),
-              "token_file": _token_file(args.token_file)}
     server = server_daemon()
+    if args.token_stdin and args.token_file:
+        raise AgentError(BAD_INPUT, "give --token-file or --token-stdin, not both")
+    if args.token_stdin:
+        Layout(server.home).ensure_home()
+    config = {"bind": args.bind, "port": args.port, "store": store_dir(args.store),
+              "token_file": _token_from_stdin(server) if args.token_stdin else _token_file(args.token_file)}
     launch = Launch(server.home)
     with server.control():
         changed = server.write_config(config)

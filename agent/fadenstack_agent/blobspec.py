@@ -2,10 +2,11 @@
 
     {"digest": "<sha256 of the whole file>", "size": N, "chunk_size": C,
      "chunk_hashes": ["<sha256 of chunk 0>", ...],
-     "source": {"url": "http://HOST:PORT/blobs/<digest>", "token": "..."},
+     "source": {"url": "http://HOST:PORT/blobs/<digest>", "token": "...", "pin": "<sha256>"},
      "retry_seconds": 90}
 
-``token`` and ``retry_seconds`` are optional.  The source is the server (with
+``token``, ``pin`` and ``retry_seconds`` are optional; ``pin`` (the SHA-256 of the console's certificate,
+pinning.py) goes with an https:// URL, which then accepts that certificate only.  The source is the server (with
 a token) or another machine's blob server; either answers HTTP range requests.
 The spec comes on stdin, not in argv, because the token must not show in ``ps``.
 """
@@ -17,6 +18,7 @@ import time
 import urllib.parse
 
 from .blobstore import DIGEST_RE, check_digest
+from .pinning import parse_pin
 from .protocol import BAD_INPUT, AgentError
 
 SPEC_WAIT = 30.0
@@ -109,9 +111,14 @@ def parse_spec(raw: bytes, noun: str = "blob") -> dict:
     if token is not None and (not isinstance(token, str) or not token or len(token) > 8192
                               or any(c.isspace() or ord(c) < 32 for c in token)):
         raise AgentError(BAD_INPUT, "the source token must be a non-empty string without spaces")
+    pin = source.get("pin") or ""
+    if pin:
+        pin = parse_pin(pin)
+        if parts.scheme != "https":
+            raise AgentError(BAD_INPUT, "the source's pin goes with an https:// url, got %r" % url[:200])
     retry = spec.get("retry_seconds", 90)
     if isinstance(retry, bool) or not isinstance(retry, (int, float)) or not (0 <= retry <= 3600):
         raise AgentError(BAD_INPUT, "retry_seconds must be a number of seconds from 0 to 3600")
     return {"digest": digest, "size": size, "chunk_size": chunk,
             "chunk_hashes": [h.lower() for h in hashes], "url": url, "token": token,
-            "retry_seconds": float(retry)}
+            "pin": pin, "retry_seconds": float(retry)}

@@ -21,7 +21,16 @@ The runtime container (``Engine.run_argv``):
   ``/dev/shm``, and Podman refuses ``--shm-size`` beside it (seen in the lab),
   so a size is given only with ``ipc="private"`` (Ray's advice is about 30 %
   of memory: ``ray_shm_size_mib``);
-- the machine's store at ``/var/lib/fadenstack``;
+- least privilege: ``--cap-drop all`` and back only ``CAPABILITIES`` (see
+  docs/security.md for each and why), ``--security-opt no-new-privileges``;
+- the machine's store at ``/var/lib/fadenstack``, read-only, but for the
+  subdirectories Ray and the engines write (``WRITABLE``: Ray's temp dir, the
+  copies' Ray temp dirs, the copies' logs and pid files, the NCCL test's
+  directory), each mounted read-write over it; the agent's own records
+  (``runtime/``, the copies' records) stay where the container cannot write;
+- the cluster's secrets directory (``clustersecrets``) read-only at
+  ``/etc/fadenstack/cluster`` (a directory: the files written into it later,
+  like Ray's token, show there at once);
 - environment variables as ``-e NAME`` only: the engine takes each value from
   its own environment (``engine_environ``), so secrets never appear in ``ps``;
 - GPUs the way each engine and vendor expects (``gpu_args``).
@@ -49,6 +58,16 @@ NAME_PREFIX = "fadenstack-"
 CLUSTER_LABEL = "fadenstack.cluster"
 MACHINE_LABEL = "fadenstack.machine"
 STORE_IN_CONTAINER = "/var/lib/fadenstack"
+SECRETS_IN_CONTAINER = "/etc/fadenstack/cluster"   # the cluster's secrets directory, read-only
+RAY_TOKEN_FILE = "ray-token"
+# The store's subdirectories the container writes (each mounted read-write over the read-only store):
+# Ray's temp dir (sockets, session logs), the copies' own Ray temp dirs (copyray), the copies' logs and
+# pid files (copyproc.OUT), the NCCL test's run directory (allreduce.RUN_DIR).
+WRITABLE = ("ray", "cr", "copies/out", "allreduce")
+# Every capability is dropped and none comes back: Ray, the engine and the NCCL test over TCP need none
+# (measured in the lab: docs/security.md).  NCCL over InfiniBand/RoCE pins its buffers: a machine with it
+# raises the locked-memory limit in its config ("ulimits": {"memlock": -1}) rather than getting IPC_LOCK.
+CAPABILITIES = ()
 RAY_SHM_SHARE = 0.30
 STOP_TIMEOUT_MAX = 3600
 LOG_LINES_MAX = 10000
@@ -109,6 +128,16 @@ def ray_shm_size_mib(memory_bytes: int) -> int:
     if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes <= 0:
         raise AgentError(BAD_INPUT, "memory must be a positive number of bytes, got %r" % (memory_bytes,))
     return max(64, int(memory_bytes * RAY_SHM_SHARE) // (1024 * 1024))
+
+
+# Variables whose values are no secret and may be given as NAME=VALUE on ``exec``'s command line.
+SETTINGS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
+
+
+def ray_auth_env(token_path: str = SECRETS_IN_CONTAINER + "/" + RAY_TOKEN_FILE) -> dict:
+    """Ray's token authentication, by Ray's own variables (Ray 2.52 and later): Ray reads the token
+    from the file; the token itself is never on a command line or in an environment."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path}
 
 
 def _whole(value, what: str, low: int, high: int) -> int:
@@ -230,15 +259,16 @@ class Engine:
                          % (vendor, ", ".join(GPU_VENDORS)))
 
     def run_argv(self, cluster: str, machine: str, image: str, command, store: str, env_names=(),
-                 gpu=None, cdi: bool = False, ipc: str = "host", shm_size_mib=None) -> list:
+                 gpu=None, cdi: bool = False, ipc: str = "host", shm_size_mib=None, secrets_dir=None) -> list:
         """``run`` of the cluster's runtime container (see the module's docstring)."""
         name = container_name(cluster)
         check_machine(machine)
         _check_image(image)
         _check_command(command)
-        if not isinstance(store, str) or not os.path.isabs(store) or ":" in store or "," in store:
-            raise AgentError(BAD_INPUT, "The store must be an absolute path without ':' or ',' "
-                                        "(the engine's mount syntax), got %r" % (store,))
+        for path, what in ((store, "The store"), (secrets_dir or "/", "The secrets directory")):
+            if not isinstance(path, str) or not os.path.isabs(path) or ":" in path or "," in path:
+                raise AgentError(BAD_INPUT, "%s must be an absolute path without ':' or ',' "
+                                            "(the engine's mount syntax), got %r" % (what, path))
         if ipc == "host":
             if shm_size_mib is not None:
                 raise AgentError(BAD_INPUT, "With host IPC the container uses the machine's /dev/shm: "
@@ -251,8 +281,14 @@ class Engine:
         argv = self.argv("run", "--detach", "--name", name, "--restart", "no",
                          "--network", "host", "--ipc", ipc)
         argv += shm
-        argv += ["--label", "%s=%s" % (CLUSTER_LABEL, cluster), "--label", "%s=%s" % (MACHINE_LABEL, machine),
-                 "-v", "%s:%s" % (store, STORE_IN_CONTAINER)]
+        argv += ["--label", "%s=%s" % (CLUSTER_LABEL, cluster), "--label", "%s=%s" % (MACHINE_LABEL, machine)]
+        argv += ["--cap-drop", "all"]
+        for capability in CAPABILITIES:
+            argv += ["--cap-add", capability]
+        argv += ["--security-opt", "no-new-privileges"]
+        argv += store_mounts(store)
+        if secrets_dir:
+            argv += ["-v", "%s:%s:ro" % (secrets_dir, SECRETS_IN_CONTAINER)]
         argv += self.ulimit_args
         for env_name in check_env_names(env_names):
             argv += ["-e", env_name]
@@ -260,13 +296,20 @@ class Engine:
         # "--" is not needed: the image ends the options, and the command follows it as is.
         return argv + [image] + list(command)
 
-    def exec_argv(self, cluster: str, command, env_names=(), detach: bool = False) -> list:
+    def exec_argv(self, cluster: str, command, env_names=(), detach: bool = False, settings=None) -> list:
         """Run ``command`` inside the cluster's running container (``ray start``,
         the status script, a model's copy with ``detach``: the engine returns at
-        once and the command runs on); variables by name only, as for ``run``."""
+        once and the command runs on); variables by name only, as for ``run``,
+        but ``settings``: values that are no secret (``SETTINGS``: Ray's token
+        mode and the token file's path), as ``NAME=VALUE``."""
         argv = self.argv("exec", "--detach") if detach else self.argv("exec")
         for env_name in check_env_names(env_names):
             argv += ["-e", env_name]
+        for env_name, value in sorted((settings or {}).items()):
+            if env_name not in SETTINGS or not isinstance(value, str) or "\0" in value or "\n" in value:
+                raise AgentError(BAD_INPUT, "Only %s may be given by value on exec, not %r"
+                                 % (", ".join(SETTINGS), env_name))
+            argv += ["-e", "%s=%s" % (env_name, value)]
         return argv + [container_name(cluster)] + _check_command(command)
 
     def stop_argv(self, cluster: str, timeout: int = 30) -> list:
@@ -302,6 +345,15 @@ class Engine:
         fmt = "{{json .}}" if self.name == "docker" else "json"
         label = CLUSTER_LABEL if machine is None else "%s=%s" % (MACHINE_LABEL, check_machine(machine))
         return self.argv("ps", "-a", "--filter", "label=" + label, "--format", fmt)
+
+
+def store_mounts(store: str) -> list:
+    """The store read-only, and over it read-write each of ``WRITABLE`` (the engine mounts them in
+    order of their paths in the container, so the store comes first)."""
+    argv = ["-v", "%s:%s:ro" % (store, STORE_IN_CONTAINER)]
+    for sub in WRITABLE:
+        argv += ["-v", "%s/%s:%s/%s" % (store.rstrip("/"), sub, STORE_IN_CONTAINER, sub)]
+    return argv
 
 
 def _check_image(image) -> str:

@@ -33,6 +33,7 @@ import ipaddress
 import json
 import os
 import re
+import ssl
 import time
 
 from . import copyproc, copyray, get_version
@@ -43,6 +44,8 @@ from .engines import last_lines
 from .files import load_machine_config, store_dir
 from .protocol import ADDRESS_IN_USE, BAD_INPUT, NOT_RETRYABLE, AgentError
 from .runtime import read_state, recorded_driver
+from .copytls import client_context as _client_context, tls_argv, uses_tls  # noqa: F401 (tls_argv: the spec's)
+from .tlsfiles import ray_tls_environ
 
 COPY_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,62}[a-z0-9])?$")
 ENGINES = ("vllm",)              # argv[0]: the only engine binary
@@ -52,6 +55,8 @@ ENV_PREFIXES = ("VLLM_", "NCCL_")
 MAX_ARGS, MAX_ARG, MAX_VALUE = 512, 16384, 4096
 SETTLE = 1.5                     # an engine that refuses its argv or model does so within this
 HEALTH_TIMEOUT = 1.0
+# A copy behind mutual TLS (the console's ``--ssl-*`` flags): its files as the runtime container sees the
+# cluster's directory; the ``process`` runtime gets this machine's paths in their place.
 SPEC_SHAPE = ('{"copy": "d7-c3", "cluster": "NAME", "argv": ["vllm", "serve", ...], "env": {"CUDA_VISIBLE_DEVICES": '
               '"0"}, "port": 8100, "address": "198.18.1.11"}')
 COPY = arg("--copy", required=True, metavar="ID", help="the copy's id (as in copy start's spec)")
@@ -211,11 +216,18 @@ def runtime_driver(store: str, config: dict, cluster: str):
 
 def healthy(record: dict) -> bool:
     """``GET /health`` answered 200 within HEALTH_TIMEOUT, asked directly (a machine's proxy
-    variables, meant for downloads, must not carry it).  A copy's Ray node: its head's GCS accepts a
-    connection; a node joining it, that it runs."""
+    variables, meant for downloads, must not carry it); over mutual TLS for a copy behind it.  A copy's
+    Ray node: its head's GCS accepts a connection; a node joining it, that it runs."""
     if copyray.is_piece(record):
         return copyray.answers(record["address"], record["port"]) if record.get("port") else True
-    conn = http.client.HTTPConnection(record["address"], record["port"], timeout=HEALTH_TIMEOUT)
+    if uses_tls(record):
+        try:
+            context = _client_context(record["cluster"])
+        except (OSError, ssl.SSLError, AgentError):
+            return False
+        conn = http.client.HTTPSConnection(record["address"], record["port"], timeout=HEALTH_TIMEOUT, context=context)
+    else:
+        conn = http.client.HTTPConnection(record["address"], record["port"], timeout=HEALTH_TIMEOUT)
     try:
         conn.request("GET", "/health")
         return conn.getresponse().status == 200
@@ -225,12 +237,29 @@ def healthy(record: dict) -> bool:
         conn.close()
 
 
+VISIBLE = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def visible_gpus(env: dict):
+    """The GPU indices a copy's environment shows its engine (the first of the vendors' variables that is
+    set), or None when none is: what ``copy list`` reports, so that the console can tell which GPUs an
+    engine holds even when no record of its own knows the engine any more."""
+    for name in VISIBLE:
+        value = env.get(name)
+        if value is not None:
+            try:
+                return [int(word) for word in str(value).split(",") if word.strip()]
+            except ValueError:
+                return None
+    return None
+
+
 def view(store: str, record: dict, config: dict) -> dict:
     """A record as ``copy list`` shows it: running, healthy, and the log's last lines unless healthy."""
     running = copyproc.is_running(record, config)
     good = running and healthy(record)
     shown = {key: record.get(key) for key in ("copy", "cluster", "driver", "container", "pid", "host_pid", "port",
-                                               "address", "started_at", "argv", "env_names")}
+                                               "address", "started_at", "argv", "env_names", "gpus")}
     return dict(shown, running=running, healthy=good,
                 log=None if good else last_lines("\n".join(copyproc.log_tail(store, record["copy"])), 20, 4000))
 
@@ -253,16 +282,6 @@ def settle(store: str, record: dict, config: dict) -> None:
 # ------------------------------------------------------------------ commands
 
 
-def _ray_node(store: str, spec: dict, driver) -> tuple:
-    """``(port, argv)`` of a spanning copy's Ray node: the head's GCS port (None for a node joining it)
-    and its ``ray start --block`` as the runtime runs it (the store's paths as the container sees them)."""
-    temp = copyray.temp_dir(store, spec["copy"])
-    os.makedirs(temp, mode=0o755, exist_ok=True)
-    seen = copyproc.in_container(store, temp) if driver.per_cluster else temp
-    port = copyray.free_port(spec["address"]) if spec["ray"]["head"] is None else None
-    return port, copyray.node_argv(driver.ray, spec["ray"], spec["address"], seen, port, driver.start_args())
-
-
 @command("copy", "start", args=[STORE])
 def cmd_start(args, out) -> int:
     """``copy start [--store PATH]`` with the copy's spec on stdin: start the engine detached in the runtime.
@@ -281,6 +300,8 @@ def cmd_start(args, out) -> int:
     config = load_machine_config()
     values = dict(engine_env(config), **spec["env"])
     driver = runtime_driver(store, config, spec["cluster"])
+    # A spanning copy's own Ray, and the engine that drives it, use TLS as the cluster's Ray does (``tlsfiles``).
+    values.update(ray_tls_environ(spec["cluster"], in_container=driver.per_cluster))
     piece = copyray.is_piece(spec)
     executable = None if driver.per_cluster or piece else process_engine(config)
     digest = spec_digest(spec)
@@ -294,10 +315,10 @@ def cmd_start(args, out) -> int:
                                                                              record.get("port"), spec["copy"]))
         os.makedirs(copyproc.copies_dir(store), mode=0o755, exist_ok=True)
         if piece:
-            port, argv = _ray_node(store, spec, driver)
+            port, argv = copyray.node_command(store, spec, driver, values)   # values: the node's pinned metrics ports
         else:
             copyproc.check_port(store, spec["address"], spec["port"])
-            port, argv = spec["port"], spec["argv"]
+            port, argv = spec["port"], tls_argv(spec["argv"], spec["cluster"], driver.per_cluster)
         if driver.per_cluster:
             out.log("starting copy %s in %s: %s" % (spec["copy"], driver.container, " ".join(argv)))
             started = copyproc.launch_in_container(store, spec["copy"], driver.engine, spec["cluster"], argv, values)
@@ -308,7 +329,7 @@ def cmd_start(args, out) -> int:
         record = dict(started, copy=spec["copy"], cluster=spec["cluster"], driver=driver.name,
                       container=driver.container if driver.per_cluster else None, port=port,
                       address=spec["address"], started_at=round(time.time(), 3), argv=argv, ray=spec.get("ray"),
-                      env_names=sorted(values), spec_digest=digest, log_path=copyproc.log_path(store, spec["copy"]),
+                      env_names=sorted(values), gpus=visible_gpus(spec["env"]), spec_digest=digest, log_path=copyproc.log_path(store, spec["copy"]),
                       agent_version=get_version())
         copyproc.write_record(store, record)
         settle(store, record, config)
@@ -341,7 +362,8 @@ def cmd_list(args, out) -> int:
     """``copy list [--store PATH]``: every recorded copy, whether its engine runs and answers.
 
     Result: ``{"store", "copies": [{"copy", "cluster", "driver", "container", "pid", "host_pid", "port",
-    "address", "started_at", "argv", "env_names", "running", "healthy" (GET /health answered 200 within
+    "address", "started_at", "argv", "env_names", "gpus" (the GPU indices its environment shows it, null
+    when none or for a copy started by an older agent), "running", "healthy" (GET /health answered 200 within
     1 s), "log": the log's last lines unless healthy, else null}]}``.
     """
     store = store_dir(args.store)

@@ -4,9 +4,12 @@ starting them detached and stopping them, for ``copy`` and ``runtime stop``.
 Under ``<store>/copies/``: ``<id>.json`` (the record, mode 0600: ``{"copy",
 "cluster", "driver", "container", "pid", "host_pid", "start_ticks", "port",
 "address", "started_at", "argv", "env_names", "spec_digest", "log_path",
-"agent_version"}``),
-``<id>.log`` (the engine's output; the previous start's is ``<id>.log.1``),
-``<id>.pid`` (a container copy's pid as the container sees it) and ``.lock``.
+"agent_version"}``) and ``.lock``, which the runtime container cannot write (the
+store is read-only there); under ``<store>/copies/out/`` (``OUT``, the one part
+the container writes): ``<id>.log`` (the engine's output; the previous start's
+is ``<id>.log.1``) and ``<id>.pid`` (a container copy's pid as the container
+sees it).  The agent reads those two never through a link (``read_tail``) and
+only signals that pid inside the container.
 
 A copy is the engine process itself, in a session of its own so that it
 outlives the agent and the SSH session that started it:
@@ -34,7 +37,7 @@ import subprocess
 import time
 
 from .containers import STORE_IN_CONTAINER, Engine, engine_environ
-from .engines import last_lines, namespace_processes, run_engine
+from .engines import last_lines, namespace_processes, ray_auth_settings, run_engine
 from .engineoutput import is_no_such_container, parse_state
 from .files import Locked, read_json, remove_quietly, write_json
 from .protocol import ADDRESS_IN_USE, NOT_RETRYABLE, RETRYABLE, AgentError
@@ -51,8 +54,15 @@ VISIBLE_DEVICES = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_
 # ------------------------------------------------------------------ records
 
 
+OUT = "out"                      # under copies/: what the engine writes (logs, pid files)
+
+
 def copies_dir(store: str) -> str:
     return os.path.join(store, "copies")
+
+
+def out_dir(store: str) -> str:
+    return os.path.join(copies_dir(store), OUT)
 
 
 def record_path(store: str, copy: str) -> str:
@@ -60,11 +70,11 @@ def record_path(store: str, copy: str) -> str:
 
 
 def log_path(store: str, copy: str) -> str:
-    return os.path.join(copies_dir(store), copy + ".log")
+    return os.path.join(out_dir(store), copy + ".log")
 
 
 def pid_path(store: str, copy: str) -> str:
-    return os.path.join(copies_dir(store), copy + ".pid")
+    return os.path.join(out_dir(store), copy + ".pid")
 
 
 def in_container(store: str, path: str) -> str:
@@ -188,9 +198,16 @@ def check_port(store: str, address: str, port: int) -> None:
 
 def _rotate_log(store: str, copy: str) -> str:
     path = log_path(store, copy)
-    if os.path.exists(path):
-        os.replace(path, path + ".1")
+    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    if os.path.lexists(path):
+        os.replace(path, path + ".1")     # a link is renamed, never followed
     return path
+
+
+def _open_log(path: str):
+    """The fresh log, made by the agent (never through a link planted where the container writes)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    return os.fdopen(fd, "ab")
 
 
 def launch_process(store: str, copy: str, argv: list, values: dict) -> dict:
@@ -198,7 +215,7 @@ def launch_process(store: str, copy: str, argv: list, values: dict) -> dict:
     environment is the agent's with ``values``; the GPUs it sees are only those ``values`` name."""
     environ = {name: value for name, value in os.environ.items() if name not in VISIBLE_DEVICES}
     environ.update(values)
-    with open(_rotate_log(store, copy), "ab") as log:
+    with _open_log(_rotate_log(store, copy)) as log:
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd="/",
                                     env=environ, start_new_session=True, close_fds=True)
@@ -214,7 +231,7 @@ def launch_argv(store: str, copy: str, engine: Engine, cluster: str, argv: list,
     argv as arguments of the shell, which writes its pid and becomes the engine."""
     command = ["sh", "-c", LAUNCH, "fadenstack-copy", in_container(store, pid_path(store, copy)),
                in_container(store, log_path(store, copy))] + list(argv)
-    return engine.exec_argv(cluster, command, sorted(names), detach=True)
+    return engine.exec_argv(cluster, command, sorted(names), detach=True, settings=ray_auth_settings(cluster))
 
 
 def launch_in_container(store: str, copy: str, engine: Engine, cluster: str, argv: list, values: dict) -> dict:
@@ -222,7 +239,7 @@ def launch_in_container(store: str, copy: str, engine: Engine, cluster: str, arg
     ``values`` reach it by name (``-e NAME``) from the engine's environment, never on a command line."""
     pidfile = pid_path(store, copy)
     remove_quietly(pidfile)
-    open(_rotate_log(store, copy), "ab").close()
+    _open_log(_rotate_log(store, copy)).close()
     exec_argv = launch_argv(store, copy, engine, cluster, argv, values)
     try:
         done = subprocess.run(exec_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

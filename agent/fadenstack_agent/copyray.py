@@ -18,10 +18,11 @@ A node is a ``copy start`` whose spec has ``ray`` instead of ``argv``::
 ``head`` null starts the copy's Ray head (its GCS on a free port of the
 address, reported as ``port``), ``"198.18.1.11:41234"`` a node joining it.
 The node is ``ray start --block``: one process whose session holds Ray's own,
-recorded, listed and stopped like an engine (``copyproc``).  Its ports are
-Ray's choice but the head's GCS, its client server and the dashboard agent's,
-which default to fixed numbers the cluster's own Ray on the same machine
-holds: those are free ports picked here.
+recorded, listed and stopped like an engine (``copyproc``).  Every port of
+it is pinned in ``ports.COPY_RAY`` (20000-20999), beside the cluster's own
+Ray's ports, so that the cluster's firewall can name them: free ports of that
+range picked here, from a place the copy's name gives (two copies starting at
+once rarely meet), the workers a block of ``WORKER_PORTS`` of them.
 """
 
 import hashlib
@@ -29,13 +30,16 @@ import json
 import os
 import socket
 
-from .protocol import BAD_INPUT, AgentError
+from . import copyproc, ports
+from .protocol import BAD_INPUT, NOT_RETRYABLE, AgentError
 from .rayargs import OBJECT_STORE_MEMORY, build_address, check_temp_dir, parse_host_port, parse_ip
 
 PIECE_SUFFIX = "-ray"           # a spanning copy's Ray node is recorded as <copy>-ray
 MAX_GPUS = 64
 RAY_SHAPE = '{"head": null | "ADDRESS:PORT", "gpus": N}'
 CONNECT_TIMEOUT = 1.0
+WORKER_PORTS = 32               # a copy's Ray node: its workers' ports, a block of COPY_RAY
+SINGLES = 200                   # COPY_RAY's first ports: a node's single ports; the rest: workers' blocks
 
 
 def is_piece(spec_or_record: dict) -> bool:
@@ -73,28 +77,86 @@ def temp_dir(store: str, copy: str) -> str:
     return check_temp_dir(os.path.join(store, "cr", hashlib.sha256(copy.encode()).hexdigest()[:8]))
 
 
-def free_port(address: str) -> int:
-    """A port free on ``address`` now (the kernel's pick), for a port Ray would otherwise fix."""
-    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
-    finally:
-        sock.close()
+def _bindable(address: str, port: int) -> bool:
+    """Nothing listens on ``port``, on ``address`` or on every address (Ray's gRPC servers take that)."""
+    for host in (address, "::" if ":" in address else "0.0.0.0"):
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        finally:
+            sock.close()
+    return True
 
 
-def node_argv(ray_executable: str, ray: dict, address: str, temp: str, port, extra: list) -> list:
-    """``ray start --block ...`` for the copy's node: the head (GCS on ``port``) or one joining it."""
+class PortPicker:
+    """Free ports of ``ports.COPY_RAY`` for one node, never one twice: single ports from its first
+    ``SINGLES``, the workers' block from the rest (workers bind late: another copy's block must not be
+    taken for free then), each search starting where the copy's name says."""
+
+    def __init__(self, address: str, copy: str):
+        self.address = address
+        self.start = int(hashlib.sha256(copy.encode()).hexdigest()[:8], 16)
+        self.taken = set()
+
+    def one(self) -> int:
+        low = ports.COPY_RAY[0]
+        for step in range(SINGLES):
+            port = low + (self.start + step) % SINGLES
+            if port not in self.taken and _bindable(self.address, port):
+                self.taken.add(port)
+                return port
+        raise AgentError(NOT_RETRYABLE, "No free port left in %d-%d on %s for a copy's Ray"
+                         % (low, low + SINGLES - 1, self.address))
+
+    def block(self, count: int = WORKER_PORTS) -> tuple:
+        """``count`` consecutive free ports: ``(first, last)``."""
+        low, high = ports.COPY_RAY[0] + SINGLES, ports.COPY_RAY[1]
+        blocks = (high - low + 1) // count
+        for step in range(blocks):
+            first = low + ((self.start + step) % blocks) * count
+            run = range(first, first + count)
+            if all(_bindable(self.address, port) for port in run):
+                self.taken.update(run)
+                return first, first + count - 1
+        raise AgentError(NOT_RETRYABLE, "No %d free consecutive ports left in %d-%d on %s for a copy's Ray "
+                                        "workers" % (count, low, high, self.address))
+
+
+def free_port(address: str, copy: str = "") -> int:
+    """A free port of ``ports.COPY_RAY`` on ``address`` now (the head's GCS of a copy's Ray)."""
+    return PortPicker(address, copy + ":gcs").one()
+
+
+def node_argv(ray_executable: str, ray: dict, address: str, temp: str, port, extra: list, copy: str = "",
+              env=None) -> list:
+    """``ray start --block ...`` for the copy's node: the head (GCS on ``port``) or one joining it.  Every
+    other port is pinned to a free one of ``ports.COPY_RAY``; ``env`` (a dict) gets the variables that pin
+    the rest: the head's two metrics endpoints (Ray serves them on every address) and no metrics exporter."""
+    # The head and a node joining it start their searches apart (a test runs both on one address).
+    pick = PortPicker(address, "%s:%s" % (copy, "head" if ray["head"] is None else "node"))
+    if port:
+        pick.taken.add(port)
+    first, last = pick.block()
     common = ["--node-ip-address=%s" % address, "--num-gpus=%d" % ray["gpus"],
-              "--dashboard-agent-listen-port=%d" % free_port(address),
+              "--node-manager-port=%d" % pick.one(), "--object-manager-port=%d" % pick.one(),
+              "--dashboard-agent-grpc-port=%d" % pick.one(), "--dashboard-agent-listen-port=%d" % pick.one(),
+              "--metrics-export-port=%d" % pick.one(), "--runtime-env-agent-port=%d" % pick.one(),
+              "--min-worker-port=%d" % first, "--max-worker-port=%d" % last,
               "--object-store-memory=%d" % OBJECT_STORE_MEMORY, "--temp-dir=%s" % temp,
               "--disable-usage-stats"] + list(extra) + ["--log-style=record", "--log-color=false"]
+    if env is not None:
+        env["RAY_enable_metrics_collection"] = "0"
+        if ray["head"] is None:
+            env["DASHBOARD_METRIC_PORT"] = str(pick.one())
+            env["AUTOSCALER_METRIC_PORT"] = str(pick.one())
     if ray["head"] is None:
         # Ray with its dashboard's packages starts a dashboard process even without the dashboard, on 8265
         # unless told otherwise: the cluster's head has that port on the same machine.
         return [ray_executable, "start", "--block", "--head", "--port=%d" % port, "--include-dashboard=false",
-                "--dashboard-port=%d" % free_port(address),
-                "--ray-client-server-port=%d" % free_port(address)] + common
+                "--dashboard-host=127.0.0.1", "--dashboard-port=%d" % pick.one(),
+                "--ray-client-server-port=%d" % pick.one()] + common
     return [ray_executable, "start", "--block", "--address=%s" % ray["head"]] + common
 
 
@@ -105,3 +167,14 @@ def answers(address: str, port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def node_command(store: str, spec: dict, driver, env: dict) -> tuple:
+    """``(port, argv)`` of a spanning copy's Ray node: the head's GCS port (None for a node joining it)
+    and its ``ray start --block`` as the runtime runs it (the store's paths as the container sees them)."""
+    temp = temp_dir(store, spec["copy"])
+    os.makedirs(temp, mode=0o755, exist_ok=True)
+    seen = copyproc.in_container(store, temp) if driver.per_cluster else temp
+    port = free_port(spec["address"], spec["copy"]) if spec["ray"]["head"] is None else None
+    return port, node_argv(driver.ray, spec["ray"], spec["address"], seen, port, driver.start_args(),
+                           spec["copy"], env)

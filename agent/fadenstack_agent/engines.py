@@ -34,13 +34,14 @@ import threading
 import time
 
 from .cli import arg
-from .containers import (AMD, ENGINES, ENV_NAME_RE, MACHINE_RE, NVIDIA, STORE_IN_CONTAINER, Engine,
-                         container_name)
+from .containers import (AMD, ENGINES, ENV_NAME_RE, MACHINE_RE, NVIDIA, STORE_IN_CONTAINER, WRITABLE, Engine,
+                         container_name, ray_auth_env)
 from .engineoutput import is_no_such_container, left_by_others, parse_loaded, parse_ps, parse_state
 from .facts import Collector
 from .files import runtime_dir
 from .protocol import BAD_INPUT, NOT_RETRYABLE, RETRYABLE, AgentError
 from .rayproc import namespace_pids, read_proc, read_tail
+from .secretsdir import make_cluster_dir, ray_token_path
 
 NO_RUNTIME = "No container runtime on this machine: install Docker or Podman"
 DRIVER_NAMES = ("process",) + ENGINES
@@ -51,7 +52,15 @@ DRIVER = arg("--driver", metavar="NAME",
 # leaves behind, and it ends at once on SIGTERM (PID 1 has no default action).
 KEEP_ALIVE = ["sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"]
 # Variables `ray start` and the status script get from the agent (by name only).
-RAY_ENV_NAMES = ("RAY_USAGE_STATS_ENABLED", "RAY_gcs_server_request_timeout_seconds", "RAY_prestart_worker_first_driver")
+RAY_ENV_NAMES = ("RAY_USAGE_STATS_ENABLED", "RAY_gcs_server_request_timeout_seconds", "RAY_prestart_worker_first_driver",
+                 "RAY_enable_metrics_collection", "DASHBOARD_METRIC_PORT", "AUTOSCALER_METRIC_PORT")
+
+
+def ray_auth_settings(cluster: str) -> dict:
+    """Ray's token authentication for what runs in the cluster's container (Ray, the status driver, the
+    copies and their own Ray) once ``cluster secrets write`` put the token on this machine; before that
+    (an agent older than the console's step, a test without one) Ray runs as it did."""
+    return ray_auth_env() if ray_token_path(cluster) else {}
 
 
 def ray_env_names() -> list:
@@ -89,11 +98,11 @@ def last_lines(text: str, count: int = 5, limit: int = 1500) -> str:
     return ("..." + words[-limit:]) if len(words) > limit else (words or "no output")
 
 
-def run_engine(argv: list, timeout: float = ENGINE_TIMEOUT) -> tuple:
-    """``(exit status, stdout, stderr)`` of one engine command."""
+def run_engine(argv: list, timeout: float = ENGINE_TIMEOUT, env=None) -> tuple:
+    """``(exit status, stdout, stderr)`` of one engine command (``env``: the engine's environment)."""
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              timeout=timeout, cwd="/")
+                              timeout=timeout, cwd="/", env=env)
     except (FileNotFoundError, PermissionError) as exc:
         raise AgentError(NOT_RETRYABLE, "Cannot run %s on this machine: %s" % (argv[0], exc.strerror or exc))
     except subprocess.TimeoutExpired:
@@ -231,10 +240,12 @@ class ContainerDriver:
     # What `ray` runs: the image's executables, inside the running container.
 
     def ray_argv(self, *args) -> list:
-        return self.engine.exec_argv(self.cluster, [self.ray] + list(args), ray_env_names())
+        return self.engine.exec_argv(self.cluster, [self.ray] + list(args), ray_env_names(),
+                                     settings=ray_auth_settings(self.cluster))
 
     def python_argv(self, *args) -> list:
-        return self.engine.exec_argv(self.cluster, [self.python, "-I"] + list(args), ray_env_names())
+        return self.engine.exec_argv(self.cluster, [self.python, "-I"] + list(args), ray_env_names(),
+                                     settings=ray_auth_settings(self.cluster))
 
     def start_args(self) -> list:
         return []
@@ -313,8 +324,10 @@ class ContainerDriver:
         gpu, cdi = self.gpu_vendor(config), False
         if gpu == NVIDIA and self.name == "docker":
             cdi = has_cdi_specs()
+        for sub in WRITABLE:
+            os.makedirs(os.path.join(store, sub), mode=0o755, exist_ok=True)
         argv = self.engine.run_argv(self.cluster, machine, image, container_command(manifest), store,
-                                    gpu=gpu, cdi=cdi)
+                                    gpu=gpu, cdi=cdi, secrets_dir=make_cluster_dir(self.cluster))
         out.log("running: %s" % " ".join(argv))
         code, stdout, stderr = run_engine(argv, RUN_TIMEOUT)
         if code != 0:

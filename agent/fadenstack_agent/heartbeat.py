@@ -2,7 +2,7 @@
 to the console.  The loop itself (``heartbeat run``) lives in ``beat``.
 
 Files under the agent home (``daemon.Daemon`` named ``heartbeat``):
-``heartbeat.json`` (mode 0600: url, interval, token), ``heartbeat.pid``,
+``heartbeat.json`` (mode 0600: url, interval, token, pin), ``heartbeat.pid``,
 ``heartbeat.status.json`` (written by the daemon, never holds the token),
 ``heartbeat.log``, and the boot hooks (``install``).  The token only ever
 arrives on stdin, so it never shows in ``ps``.
@@ -18,6 +18,7 @@ from . import install
 from .cli import arg, command, group
 from .daemon import Daemon
 from .files import Layout
+from .pinning import parse_pin
 from .protocol import BAD_INPUT, AgentError
 
 MIN_INTERVAL, MAX_INTERVAL = 1.0, 3600.0
@@ -88,10 +89,13 @@ def load_config(daemon: Daemon):
 @command("heartbeat", "start", args=[
     arg("--url", required=True, help="console heartbeat URL"),
     arg("--interval", type=parse_interval, default=10, metavar="SECONDS",
-        help="seconds between beats (default 10)")])
+        help="seconds between beats (default 10)"),
+    arg("--pin", default="", metavar="SHA256",
+        help="the SHA-256 of the console's certificate, for an https:// URL: no other is accepted")])
 def cmd_start(args, out) -> int:
-    """``heartbeat start --url URL [--interval S]`` (token on stdin): configure
-    and start the daemon.
+    """``heartbeat start --url URL [--interval S] [--pin SHA256]`` (token on stdin):
+    configure and start the daemon. With ``--pin`` the beats go only to a
+    console showing that certificate (pinning.py).
 
     Writes heartbeat.json, installs the boot hooks, points current.pyz at this
     zip and starts the daemon; restarts it when the config or the agent version
@@ -99,11 +103,15 @@ def cmd_start(args, out) -> int:
     Result: ``{"running": true, "pid": N, "restarted": bool}``.
     """
     url = validate_url(args.url)
+    pin = parse_pin(args.pin) if args.pin else ""
+    if pin and not url.startswith("https://"):
+        raise AgentError(BAD_INPUT, "--pin goes with an https:// URL, got %r" % (url,))
     token = read_token()
     daemon = heartbeat_daemon()
     layout = Layout(daemon.home)
     with daemon.control():
-        changed = daemon.write_config({"url": url, "interval": args.interval, "token": token})
+        changed = daemon.write_config({"url": url, "interval": args.interval, "token": token,
+                                       **({"pin": pin} if pin else {})})
         launch = install.Launch(daemon.home)
         install.update_current_link(layout)
         install.install_autostart(layout, launch, daemon.log)

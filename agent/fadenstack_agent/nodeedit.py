@@ -212,6 +212,7 @@ class Record:
         self.blocks = dict(data.get("blocks") or {})
         self.dirs = list(data.get("dirs") or [])
         self.paths = dict(data.get("paths") or {})
+        self.cluster = data.get("cluster")  # the cluster the node settings were last written for
         self.exists = bool(data)
 
     def keep_original(self, path: str) -> None:
@@ -236,7 +237,7 @@ class Record:
         return self.blocks.get(path) or {"created": False, "newline_added": False}
 
     def save(self) -> None:
-        data = {"files": self.files, "blocks": self.blocks, "dirs": self.dirs, "paths": self.paths}
+        data = {"files": self.files, "blocks": self.blocks, "dirs": self.dirs, "paths": self.paths, "cluster": self.cluster}
         put(self.root.real(RECORD), (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8"), 0o600)
 
     def forget(self) -> None:

@@ -10,8 +10,8 @@ it), every file a node needs for the launchers and for logins:
   a block at the top of root's ``~/.ssh/config`` for ``node-*`` and the nodes' addresses,
   ``/etc/fadenstack/known_hosts`` from the nodes' host keys, and the public key in a block of the
   authorized keys file sshd reads for root, accepted only ``from=`` the cluster's subnet;
-- sshd's trust in the console's certificate authority: the drop-in, the authority's key and
-  root's principals file (``/etc/fadenstack/ssh/``), an ``Include`` of the drop-in at the top of
+- sshd's trust in the console's certificate authority: the drop-in, the authority's key,
+  root's principals file and the cluster's key revocation list (``/etc/fadenstack/ssh/``), an ``Include`` of the drop-in at the top of
   the sshd configuration when it has none, checked with ``sshd -t`` and sshd reloaded.  If sshd
   refuses the change, the previous files are put back and the error quotes sshd.
 
@@ -26,10 +26,12 @@ import fnmatch
 import json
 import os
 import pwd
+import select
+import time
 
 from . import nodeedit, nodespec
 from .blobspec import read_spec
-from .cli import command, group
+from .cli import arg, command, group
 from .files import Locked, agent_home, is_root
 from .nodeedit import Record, Root, block_drop, block_put, decode, encode
 from .nodesshd import Sshd, authorized_keys_file, first
@@ -43,6 +45,7 @@ HOSTS = "/etc/hosts"
 DROPIN = "/etc/ssh/sshd_config.d/fadenstack-ca.conf"
 CA_KEY = nodespec.CA_KEY
 ROOT_PRINCIPALS = nodespec.PRINCIPALS.replace("%u", "root")
+REVOKED_KEYS = nodespec.REVOKED_KEYS
 KEY_NAME = "fadenstack_cluster"
 SSH_BEGIN, SSH_END = nodespec.HOSTS_BEGIN, nodespec.HOSTS_END
 KEY_BEGIN, KEY_END = "# fadenstack cluster key: begin", "# fadenstack cluster key: end"
@@ -74,10 +77,10 @@ class Paths:
 
     def whole(self) -> list:
         """Every file ``write`` owns whole, the sshd ones last."""
-        return [HOSTFILE, CLUSTER_ENV, PROFILE, KNOWN_HOSTS, self.node_key, CA_KEY, ROOT_PRINCIPALS, DROPIN]
+        return [HOSTFILE, CLUSTER_ENV, PROFILE, KNOWN_HOSTS, self.node_key, CA_KEY, ROOT_PRINCIPALS, REVOKED_KEYS, DROPIN]
 
     def sshd_files(self) -> set:
-        return {DROPIN, CA_KEY, ROOT_PRINCIPALS, self.sshd_config}
+        return {DROPIN, CA_KEY, ROOT_PRINCIPALS, REVOKED_KEYS, self.sshd_config}
 
 
 def _read_stdin_spec() -> dict:
@@ -164,6 +167,8 @@ def _write_targets(spec: dict, root: Root, record: Record, paths: Paths) -> dict
         home_key: (encode(ssh["private_key"]), 0o600),
         CA_KEY: (encode(spec["sshd"]["ca_public_key"]), 0o644),
         ROOT_PRINCIPALS: (encode(spec["sshd"]["principals"]), 0o644),
+        # Before the drop-in that names it: sshd refuses every public key while RevokedKeys cannot be read.
+        REVOKED_KEYS: (spec["sshd"]["revoked_keys"], 0o644),
         DROPIN: (encode(spec["sshd"]["dropin"]), 0o644),
     }
     for path in targets:
@@ -268,6 +273,7 @@ def cmd_write(args, out) -> int:
         sshd = Sshd.find(root)
         settings = sshd.effective()
         record = Record(root)
+        record.cluster = spec["cluster"]
         paths = _paths_for(root, record, sshd, settings)
         targets = _write_targets(spec, root, record, paths)
         for path in targets:
@@ -319,3 +325,55 @@ def cmd_remove(args, out) -> int:
     return out.result(changed=bool(changed or gone), paths=sorted(changed), removed=removed, restored=restored,
                       sshd={"config": paths.sshd_config, "checked": sshd_result["checked"],
                             "reloaded": sshd_result["reloaded"]}, warnings=[warning] if warning else [])
+
+
+# ------------------------------------------------------------------ revocations
+
+group("node", "revocations", help="the cluster's key revocation list: node-login certificates taken back")
+
+
+@command("node", "revocations", "write", args=[
+    arg("--cluster", required=True, metavar="CLUSTER", help="the cluster whose node settings this machine holds")])
+def cmd_revocations_write(args, out) -> int:
+    """``node revocations write --cluster C`` with the KRL's bytes on stdin: replace the key revocation list.
+
+    Stdin: an OpenSSH key revocation list (KRL, format 1), as the console makes it for the cluster's
+    node-login certificates taken back. It replaces ``/etc/fadenstack/ssh/revoked.krl`` (0644, written
+    aside then renamed), which the node settings' drop-in names as sshd's ``RevokedKeys``; sshd reads it
+    at every login, so nothing is reloaded. Refused, ``not_retryable``, when this machine's node settings
+    are not the cluster's (another cluster's, or none: it left), or were written without a list; a
+    list that is not a KRL is ``bad_input``. Result: ``{"cluster", "path", "changed", "bytes"}``.
+    """
+    root = Root.from_env()
+    _require_root(root)
+    if not nodespec.CLUSTER_RE.match(args.cluster or ""):
+        raise AgentError(BAD_INPUT, "--cluster must be a cluster name, got %r" % args.cluster)
+    data = _read_stdin_bytes(nodespec.KRL_MAX + 1)
+    nodespec.check_krl(data, "the revocation list on stdin")
+    with _lock():
+        record = Record(root)
+        if record.cluster != args.cluster:
+            raise AgentError(NOT_RETRYABLE, "this machine holds the node settings of %s, not of %s: no revocation list "
+                                            "written" % (record.cluster or "no cluster", args.cluster))
+        if nodeedit.read(root.real(REVOKED_KEYS))[0] is None:
+            raise AgentError(NOT_RETRYABLE, "the node settings here were written without a revocation list (an "
+                                            "older console): write the node settings again first")
+        changed = nodeedit.put(root.real(REVOKED_KEYS), data, 0o644)
+    return out.result(cluster=args.cluster, path=REVOKED_KEYS, changed=changed, bytes=len(data))
+
+
+def _read_stdin_bytes(limit: int, wait: float = 30.0) -> bytes:
+    """Stdin up to its end (the console closes it after the list), within ``wait`` seconds."""
+    chunks, size, deadline = [], 0, time.monotonic() + wait
+    while size <= limit:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([0], [], [], left)[0]:
+            raise AgentError(BAD_INPUT, "the revocation list did not end on stdin within %d s" % wait)
+        chunk = os.read(0, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > limit:
+        raise AgentError(BAD_INPUT, "the revocation list on stdin is larger than %d bytes" % (limit - 1))
+    return b"".join(chunks)

@@ -9,7 +9,8 @@ makes from it (root's SSH settings, known_hosts, the authorized key line, the pr
              "allow_from": "198.18.1.0/24",
              "nodes": [{"name": "node-0", "address": "198.18.1.10", "port": 22, "host_keys": ["ssh-ed25519 AAAA..."]}]},
      "sshd": {"dropin": "<machines/sshd.py's sshd_dropin()>", "ca_public_key": "ssh-ed25519 AAAA... fadenstack-ssh-ca",
-              "principals": "fadenstack-machine-3\\nfadenstack-cluster-1\\n"}}
+              "principals": "fadenstack-cluster-1\\nfadenstack-cluster-1-machine-3\\n",
+              "revoked_keys": "<base64 of the cluster's key revocation list (OpenSSH KRL)>"}}
 
 The server computes the cluster's files; the agent checks that each is what it claims to be
 before root's shells, sshd and ssh read it: the hostfile and hosts lines name the nodes' addresses,
@@ -32,6 +33,9 @@ HOSTS_BEGIN = "# fadenstack cluster nodes: begin"
 HOSTS_END = "# fadenstack cluster nodes: end"
 CA_KEY = "/etc/fadenstack/ssh/ca.pub"
 PRINCIPALS = "/etc/fadenstack/ssh/principals/%u"
+REVOKED_KEYS = "/etc/fadenstack/ssh/revoked.krl"
+KRL_MAGIC = b"SSHKRL\n\0"
+KRL_MAX = 4 * 1024 * 1024
 ENV_PATH = "/etc/fadenstack/cluster.env"
 MAX_TEXT = 256 * 1024
 MAX_NODES = 1024
@@ -47,7 +51,8 @@ PRINCIPAL_RE = re.compile(r"^[A-Za-z0-9._:@-]{1,255}$")
 PRIVATE_BEGIN = "-----BEGIN OPENSSH PRIVATE KEY-----"
 PRIVATE_END = "-----END OPENSSH PRIVATE KEY-----"
 SHAPE = ('{"cluster", "hostfile", "cluster_env", "hosts", "ssh": {"private_key", "public_key", "allow_from", '
-         '"nodes": [{"name", "address", "port", "host_keys"}]}, "sshd": {"dropin", "ca_public_key", "principals"}}')
+         '"nodes": [{"name", "address", "port", "host_keys"}]}, "sshd": {"dropin", "ca_public_key", "principals", '
+         '"revoked_keys"}}')
 
 PROFILE_TEXT = """\
 # Fadenstack: every login shell gets this node's cluster settings (MASTER_ADDR, NODE_RANK, ...).
@@ -216,25 +221,44 @@ def _check_env(value) -> str:
     return text
 
 
+def check_krl(data: bytes, where: str) -> bytes:
+    """An OpenSSH key revocation list: its magic and format version 1, at most KRL_MAX bytes. sshd reads
+    the rest; a file it cannot read would refuse every public key login, so nothing else passes."""
+    if not isinstance(data, bytes) or len(data) > KRL_MAX or len(data) < 44 or not data.startswith(KRL_MAGIC) \
+            or struct.unpack(">I", data[8:12])[0] != 1:
+        bad("%s must be an OpenSSH key revocation list (format 1, at most %d bytes)" % (where, KRL_MAX))
+    return data
+
+
 def _check_sshd(value) -> dict:
-    sshd = _keys(value, "sshd", {"dropin", "ca_public_key", "principals"}, {"dropin", "ca_public_key", "principals"})
+    sshd = _keys(value, "sshd", {"dropin", "ca_public_key", "principals", "revoked_keys"},
+                 {"dropin", "ca_public_key", "principals"})
     dropin = _text(sshd["dropin"], "sshd.dropin")
     wanted = {"trustedusercakeys": CA_KEY, "authorizedprincipalsfile": PRINCIPALS}
+    if "revoked_keys" in sshd:
+        wanted["revokedkeys"] = REVOKED_KEYS
     said = {}
     for line in _lines(dropin):
         words = line.split()
         if len(words) != 2 or words[0].lower() not in wanted or wanted[words[0].lower()] != words[1]:
-            bad("sshd.dropin may only say TrustedUserCAKeys %s and AuthorizedPrincipalsFile %s, not %s"
-                % (CA_KEY, PRINCIPALS, _quote(line)))
+            bad("sshd.dropin may only say TrustedUserCAKeys %s, AuthorizedPrincipalsFile %s and (with "
+                "sshd.revoked_keys) RevokedKeys %s, not %s" % (CA_KEY, PRINCIPALS, REVOKED_KEYS, _quote(line)))
         said[words[0].lower()] = words[1]
     if sorted(said) != sorted(wanted):
-        bad("sshd.dropin must say both TrustedUserCAKeys %s and AuthorizedPrincipalsFile %s" % (CA_KEY, PRINCIPALS))
+        bad("sshd.dropin must say %s" % " and ".join("%s %s" % (k, v) for k, v in sorted(wanted.items())))
     ca_line, _ = check_key_line(sshd["ca_public_key"], "sshd.ca_public_key")
     principals = _text(sshd["principals"], "sshd.principals")
     names = principals.splitlines()
     if not 1 <= len(names) <= 256 or not all(PRINCIPAL_RE.match(name) for name in names):
         bad("sshd.principals must be 1 to 256 lines, each one principal (letters, digits, . _ : @ -)")
-    return {"dropin": dropin, "ca_public_key": ca_line + "\n", "principals": principals}
+    checked = {"dropin": dropin, "ca_public_key": ca_line + "\n", "principals": principals, "revoked_keys": None}
+    if "revoked_keys" in sshd:
+        try:
+            raw = base64.b64decode(sshd["revoked_keys"], validate=True) if isinstance(sshd["revoked_keys"], str) else None
+        except (binascii.Error, ValueError):
+            raw = None
+        checked["revoked_keys"] = check_krl(raw, "sshd.revoked_keys")
+    return checked
 
 
 def check_spec(spec) -> dict:

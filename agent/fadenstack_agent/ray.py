@@ -21,6 +21,7 @@ timeouts) and reads what they print.
   GCS for its node table with Ray's GCS client (no driver registered: a
   ``ray.init`` only where that client is missing) and prints the nodes; 30 s
   at most.
+- ``ray drain``: Ray's own drain of a node, asked on the head (``raydrain``).
 - ``ray reach --head ADDR:PORT``: can this machine open a TCP connection to
   the head's GCS (a machine joining a running cluster is checked with it).
 - ``ray stop``: SIGTERM (the raylet first, the GCS last), then SIGKILL to
@@ -359,3 +360,4 @@ def cmd_reach(args, out) -> int:
     host, port = parse_host_port(args.head)
     check_reachable(host, port)
     return out.result(head=build_address(resolve_head(host), port), seconds=round(time.monotonic() - started, 3))
+

@@ -6,9 +6,10 @@ import ipaddress
 import json
 import os
 
+from . import ports
 from .protocol import BAD_INPUT, NOT_RETRYABLE, AgentError
 
-DEFAULT_PORT = 6379
+DEFAULT_PORT = ports.GCS
 # Ray's dashboard and job API (``ray job submit --address http://127.0.0.1:8265``) on the head's
 # loopback only: a person reaches it through ``faden clusters tunnel`` (SSH to the head), never from
 # the network.  Ray's own default host is localhost too; it is given here so no Ray default changes it.
@@ -85,6 +86,32 @@ except Exception as exc:
     emit({"error": "connect", "message": "%s: %s" % (type(exc).__name__, exc)})
     sys.exit(4)
 emit({"nodes": found})
+'''
+
+DRAIN_MARK = "FADEN-RAY-DRAIN "
+# Ray's drain (GcsClient.drain_node, the call behind Ray's own hidden ``ray drain-node``): the node takes no new
+# task or actor, and Ray lets it go once it runs none. Preemption, not idle termination: Ray refuses the latter
+# on a node that still runs something, and a drain starts while the machine's copies still serve.
+DRAIN_SCRIPT = r'''
+import json, sys
+address, node_id, message = sys.argv[1:4]
+def emit(obj):
+    sys.stdout.write("FADEN-RAY-DRAIN " + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+try:
+    from ray._raylet import GcsClient
+    from ray.core.generated import autoscaler_pb2
+except Exception as exc:
+    emit({"error": "import", "message": "%s: %s" % (type(exc).__name__, exc)})
+    sys.exit(3)
+try:
+    client = GcsClient(address=address)
+    reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+    accepted, refusal = client.drain_node(node_id, reason, message, 0)
+except Exception as exc:
+    emit({"error": "connect", "message": "%s: %s" % (type(exc).__name__, exc)})
+    sys.exit(4)
+emit({"accepted": bool(accepted), "refusal": refusal or ""})
 '''
 
 
@@ -191,8 +218,17 @@ def check_temp_dir(temp: str) -> str:
     return temp
 
 
+def port_args() -> list:
+    """Every port of a node's Ray pinned (``ports``), so that the cluster's firewall can name them."""
+    return ["--node-manager-port=%d" % ports.NODE_MANAGER, "--object-manager-port=%d" % ports.OBJECT_MANAGER,
+            "--dashboard-agent-grpc-port=%d" % ports.DASHBOARD_AGENT_GRPC,
+            "--dashboard-agent-listen-port=%d" % ports.DASHBOARD_AGENT_HTTP,
+            "--metrics-export-port=%d" % ports.METRICS_EXPORT, "--runtime-env-agent-port=%d" % ports.RUNTIME_ENV_AGENT,
+            "--min-worker-port=%d" % ports.WORKERS[0], "--max-worker-port=%d" % ports.WORKERS[1]]
+
+
 def common_start_args(driver, temp: str, num_gpus: int, resources: dict) -> list:
-    return (["--num-gpus=%d" % num_gpus] + resources_arg(resources)
+    return (["--num-gpus=%d" % num_gpus] + resources_arg(resources) + port_args()
             + ["--object-store-memory=%d" % OBJECT_STORE_MEMORY, "--temp-dir=%s" % temp,
                "--disable-usage-stats"] + driver.start_args()
             + ["--log-style=record", "--log-color=false"])
@@ -201,10 +237,10 @@ def common_start_args(driver, temp: str, num_gpus: int, resources: dict) -> list
 def dashboard_args() -> list:
     """The head's dashboard, asked for outright: a Ray without ``ray[default]``'s packages then fails
     its start with "Cannot include dashboard with missing packages" instead of starting without the
-    dashboard the tunnel reaches.  No Ray Client flag: Ray starts its client server on 10001 by
-    itself when ``ray[client]`` is there, refuses ``--ray-client-server-port`` when it is not, and has
-    no flag for its host (it listens on the node's address, the cluster network)."""
-    return ["--include-dashboard=true", "--dashboard-host=%s" % DASHBOARD_HOST, "--dashboard-port=%d" % DASHBOARD_PORT]
+    dashboard the tunnel reaches; on the head's loopback only.  The Ray Client server's port is
+    pinned (``ports.RAY_CLIENT``); it has no flag for its host: it listens on the node's address."""
+    return ["--include-dashboard=true", "--dashboard-host=%s" % DASHBOARD_HOST, "--dashboard-port=%d" % DASHBOARD_PORT,
+            "--ray-client-server-port=%d" % ports.RAY_CLIENT]
 
 
 def head_start_argv(driver, address: str, port: int, num_gpus: int, resources: dict, temp: str) -> list:
@@ -216,6 +252,18 @@ def join_argv(driver, head: str, address: str, num_gpus: int, resources: dict, t
     # --include-dashboard, --dashboard-* and --port are head-only flags: `ray start` refuses them here.
     return driver.ray_argv("start", "--address=%s" % head, "--node-ip-address=%s" % address,
                            *common_start_args(driver, temp, num_gpus, resources))
+
+
+def drain_argv(driver, head: str, node_id: str, message: str) -> list:
+    return driver.python_argv("-c", DRAIN_SCRIPT, head, node_id, message)
+
+
+def parse_node_id(text: str) -> str:
+    """A Ray node id: 56 hexadecimal digits (Ray's NodeID), lower case."""
+    value = (text or "").strip().lower()
+    if len(value) != 56 or any(c not in "0123456789abcdef" for c in value):
+        raise AgentError(BAD_INPUT, "--node-id: %r is not a Ray node id (56 hexadecimal digits)" % (text,))
+    return value
 
 
 def status_argv(driver, head: str, node_ip=None, wait_id=None, wait_address=None, wait=0.0) -> list:
@@ -234,19 +282,26 @@ def ray_env(base=None) -> dict:
             del env[name]
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env["RAY_prestart_worker_first_driver"] = "0"
+    # No metrics exporter: Ray's Prometheus endpoint listens on every interface whatever the node's
+    # address, and nothing of Fadenstack reads it.
+    env["RAY_enable_metrics_collection"] = "0"
+    # The head's dashboard and autoscaler metrics listen on every address (Ray has no host for them):
+    # on pinned ports, which the firewall names.
+    env["DASHBOARD_METRIC_PORT"] = str(ports.DASHBOARD_METRICS)
+    env["AUTOSCALER_METRIC_PORT"] = str(ports.AUTOSCALER_METRICS)
     return env
 
 
 # ------------------------------------------------------------------ Ray's output
 
 
-def parse_status_output(stdout: str):
-    """The status script's JSON line (the last one marked), or None."""
+def parse_status_output(stdout: str, mark: str = STATUS_MARK):
+    """The status (or drain) script's JSON line (the last one marked), or None."""
     found = None
     for line in (stdout or "").splitlines():
-        if line.startswith(STATUS_MARK):
+        if line.startswith(mark):
             try:
-                value = json.loads(line[len(STATUS_MARK):])
+                value = json.loads(line[len(mark):])
             except ValueError:
                 continue
             if isinstance(value, dict):

@@ -9,6 +9,7 @@ import errno
 import ipaddress
 import os
 import socket
+import stat
 
 from .files import Locked, read_json, runtime_dir, write_json
 from .protocol import ADDRESS_IN_USE, NOT_RETRYABLE, RETRYABLE, UNREACHABLE, AgentError
@@ -291,8 +292,17 @@ def resolve_head(host: str) -> str:
 
 
 def read_tail(path: str, limit: int = 65536) -> str:
+    """The last ``limit`` bytes of a file as text ('' when it cannot be read).  Never through a link
+    (``O_NOFOLLOW``), and only a regular file: the runtime container can write Ray's temp dir and the
+    copies' logs, and must not make the agent read another file of the machine into an answer."""
     try:
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return ""
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
             fh.seek(max(0, size - limit))
@@ -310,7 +320,10 @@ def session_dir(store: str, driver=None):
         target = os.path.join(os.path.dirname(link), os.readlink(link))
     except OSError:
         return None
-    return driver.host_path(store, target) if driver is not None else target
+    target = driver.host_path(store, target) if driver is not None else target
+    # Written where the runtime container can write: only a session inside the temp dir counts.
+    inside = os.path.realpath(temp_dir(store)) + os.sep
+    return target if os.path.realpath(target).startswith(inside) else None
 
 
 def start_failure(store: str, code, output: str, address: str, port, since: float = 0.0,

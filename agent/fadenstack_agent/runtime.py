@@ -47,6 +47,7 @@ from .files import load_machine_config, read_json, runtime_dir, store_dir, write
 from .image import read_loaded
 from .protocol import BAD_INPUT, NOT_RETRYABLE, AgentError
 from .rayargs import temp_dir
+from .tlsfiles import export_ray_tls
 
 DEFAULT_CLUSTER = "default"
 CLUSTER = arg("--cluster", default=DEFAULT_CLUSTER, metavar="NAME",
@@ -174,6 +175,9 @@ def recorded_driver(store: str, config=None):
         return None
     if config is None:
         config = load_machine_config()
+    # Ray's TLS: on for a cluster whose certificates are installed here (``tlsfiles``); Ray's commands
+    # and the container's ``-e NAME`` take the variables from this process's environment.
+    export_ray_tls(state.get("cluster"), in_container=name != ProcessDriver.name)
     if name == ProcessDriver.name:
         return ProcessDriver.from_config(config)
     return ContainerDriver.from_config(name, config, state.get("cluster") or DEFAULT_CLUSTER,
@@ -224,10 +228,17 @@ def _checked_loaded(store: str, digest: str, driver) -> dict:
 # ------------------------------------------------------------------ commands
 
 
+# The runtime container's make: 1 since agent 0.10 (no capability, the store read-only, the cluster's
+# secrets mounted). A container made before is replaced at the next start (Ray is stopped by then: a
+# restart and a repair stop it first), so that Ray finds its token.
+CONTAINER_MAKE = 1
+
+
 def _same_runtime(state: dict, driver, digest: str, cluster: str) -> bool:
     return (state.get("state") == "started" and state.get("digest") == digest
             and state.get("driver") == driver.name
-            and (not driver.per_cluster or state.get("cluster") == cluster))
+            and (not driver.per_cluster or (state.get("cluster") == cluster
+                                            and state.get("container_make") == CONTAINER_MAKE)))
 
 
 @command("runtime", "start", args=[
@@ -274,6 +285,7 @@ def cmd_start(args, out) -> int:
     started = driver.start(image, store, manifest, config, out) if driver.per_cluster else {}
     write_json(state_path(store), {"state": "started", "driver": driver.name, "cluster": cluster,
                                    "container": container, "image": image,
+                                   "container_make": CONTAINER_MAKE if driver.per_cluster else None,
                                    "ray": driver.ray, "python": driver.python, "digest": digest,
                                    "manifest": manifest, "started_at": round(time.time(), 3),
                                    "stopped_at": None})

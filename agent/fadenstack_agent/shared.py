@@ -3,16 +3,17 @@
 ``/shared`` lives on the head and every other node mounts it over the cluster's network, by one of
 two methods the console picks from what ``shared status`` says each machine can do:
 
-- ``nfs``: the head exports ``/shared`` to the cluster's subnet (``/etc/exports.d/fadenstack.exports``,
-  ``exportfs -ra``; nfs-kernel-server), the nodes ``mount -t nfs HEAD:/shared /shared`` (nfs-common);
+- ``nfs``: the head exports ``/shared`` to the other members' addresses only, one line each with
+  ``root_squash`` (``/etc/exports.d/fadenstack.exports``, ``exportfs -ra``; nfs-kernel-server), the
+  nodes ``mount -t nfs -o ...,nosuid,nodev HEAD:/shared /shared`` (nfs-common);
 - ``sshfs``: the nodes mount ``root@HEAD:/shared`` with sshfs (FUSE) over the cluster's own SSH: the
   key, the known hosts and the user come from the block ``node files write`` put at the top of root's
   ``~/.ssh/config`` for the nodes' names and addresses. For kernels without an NFS server (the lab).
 
 The head's ``/shared`` is made 1777, like ``/tmp``: every user of every node may make files there and
-only a file's owner (and root) removes it. Root on a node is root in ``/shared`` with both methods (the
-export has ``no_root_squash``; sshfs logs in as root), which grants nothing new: root on a node already
-logs in to every node as root over the same network. ``shared export`` also copies the hostfile to
+only a file's owner (and root) removes it. Both methods mount ``nosuid,nodev``: no set-user-id program
+and no device file on /shared works on a node. With NFS root on a node is squashed to nobody on the
+head's files (``root_squash``); sshfs logs in as root. ``shared export`` also copies the hostfile to
 ``/shared/hostfile``.
 
 Everything is idempotent: a live mount of the same source changes nothing; a dead sshfs mount
@@ -40,10 +41,13 @@ METHODS = ("nfs", "sshfs")
 # reconnect: sshfs logs in again after the head or the link went away; the keep-alives find a dead
 # link within 45 s; BatchMode: never a password prompt; allow_other + default_permissions: every user
 # of the node sees the files, and the kernel checks their modes as on a local disk.
+# nosuid,nodev (both methods): a set-user-id program or a device file another node made does not work here.
 SSHFS_OPTIONS = ("reconnect", "ServerAliveInterval=15", "ServerAliveCountMax=3", "BatchMode=yes",
-                 "ConnectTimeout=10", "allow_other", "default_permissions")
-NFS_OPTIONS = "rw,hard,noatime"
-EXPORT_OPTIONS = "rw,sync,no_subtree_check,no_root_squash"
+                 "ConnectTimeout=10", "allow_other", "default_permissions", "nosuid", "nodev")
+NFS_OPTIONS = "rw,hard,noatime,nosuid,nodev"
+MOUNT_FLAGS = ("nosuid", "nodev")  # a mount of ours without them (an older agent's) is mounted again
+EXPORT_OPTIONS = "rw,sync,no_subtree_check,root_squash"
+MAX_MEMBERS = 1024
 UNREACHABLE_WORDS = ("connection refused", "timed out", "no route to host", "network is unreachable",
                      "connection reset", "connection closed", "could not resolve")
 
@@ -129,16 +133,28 @@ def _exportfs(machine: Machine) -> None:
         raise AgentError(NOT_RETRYABLE, "exportfs -ra refused the export of /shared: %s" % (said or "exit status %s" % code))
 
 
-def _exports_text(allow_from: str) -> bytes:
-    return ("# The cluster's shared files, for its nodes only (written by the Fadenstack agent: shared export).\n"
-            "%s %s(%s)\n" % (SHARED, allow_from, EXPORT_OPTIONS)).encode("utf-8")
+def exports_text(members: list) -> bytes:
+    """The export: one line per member address (never a subnet or a wildcard), each ``root_squash``."""
+    lines = ["# The cluster's shared files, for its other members only (written by the Fadenstack agent: shared export)."]
+    lines += ["%s %s(%s)" % (SHARED, address, EXPORT_OPTIONS) for address in members]
+    return ("\n".join(lines) + "\n").encode("utf-8")
 
 
-def _subnet(text) -> str:
-    try:
-        return str(ipaddress.ip_network(text or "", strict=False))
-    except ValueError:
-        raise AgentError(BAD_INPUT, "--allow-from must be the cluster's subnet (198.18.1.0/24), got %r" % text)
+def members_arg(text) -> list:
+    """``--members``: the other members' addresses, comma-separated, each one IP address (no subnet, no
+    host name, no wildcard), without repeats, in the order given."""
+    found = []
+    for word in (text or "").split(","):
+        try:
+            address = str(ipaddress.ip_address(word.strip()))
+        except ValueError:
+            raise AgentError(BAD_INPUT, "--members must be the other members' IP addresses, comma-separated "
+                                        "(198.18.1.11,198.18.1.12), got %r: no subnet, host name or wildcard" % word)
+        if address not in found:
+            found.append(address)
+    if len(found) > MAX_MEMBERS:
+        raise AgentError(BAD_INPUT, "--members names %d addresses, more than %d" % (len(found), MAX_MEMBERS))
+    return found
 
 
 # ------------------------------------------------------------------ the commands
@@ -146,19 +162,20 @@ def _subnet(text) -> str:
 
 @command("shared", "export", args=[
     arg("--method", required=True, choices=METHODS + ("none",), help="how the other nodes mount it"),
-    arg("--allow-from", metavar="SUBNET", help="the cluster's subnet: the only one the NFS export serves")])
+    arg("--members", metavar="ADDR[,ADDR...]", help="the other members' addresses: the only ones the NFS export serves")])
 def cmd_export(args, out) -> int:
-    """``shared export --method nfs|sshfs|none [--allow-from SUBNET]``: make this machine the head of /shared.
+    """``shared export --method nfs|sshfs|none [--members ADDR,...]``: make this machine the head of /shared.
 
     Makes ``/shared`` (1777) when it is missing or empty (one that holds files keeps its mode), copies ``/etc/fadenstack/hostfile`` to
-    ``/shared/hostfile``, and with ``nfs`` exports it to ``--allow-from`` only (``exportfs -ra``);
+    ``/shared/hostfile``, and with ``nfs`` exports it to the ``--members`` addresses only, one line each,
+    ``root_squash`` (``exportfs -ra`` when the text changed: a member that left loses it at once);
     with ``sshfs`` or ``none`` an export of ours is taken away (the nodes come over SSH, or not at all).
     A network mount of /shared left here by another cluster is unmounted first: the head's files are
     its own. Result: ``{"path", "method", "created", "hostfile", "exported", "changed"}``.
     """
     machine = Machine()
     _require_root(machine)
-    allow_from = _subnet(args.allow_from) if args.method == "nfs" or args.allow_from else None
+    members = members_arg(args.members) if args.method == "nfs" or args.members else None
     record, changed = machine.record(), False
     mounted = machine.mount()
     if mounted is not None and record.get("role") == "node" and record.get("source") == mounted["source"]:
@@ -181,7 +198,7 @@ def cmd_export(args, out) -> int:
     exported = False
     if args.method == "nfs":
         ensure_dir(machine.root, os.path.dirname(EXPORTS), 0o755, [])
-        if put(machine.real(EXPORTS), _exports_text(allow_from), 0o644) or not record.get("exported"):
+        if put(machine.real(EXPORTS), exports_text(members), 0o644) or not record.get("exported"):
             _exportfs(machine)
             changed = True
         exported = True
@@ -190,7 +207,7 @@ def cmd_export(args, out) -> int:
         if machine.program("exportfs"):
             _exportfs(machine)
         changed = True
-    new_record = {"role": "head", "method": args.method, "exported": exported, "allow_from": allow_from}
+    new_record = {"role": "head", "method": args.method, "exported": exported, "members": members}
     if new_record != record:
         machine.save_record(new_record)
     return out.result(path=SHARED, method=args.method, created=created, hostfile=SHARED_HOSTFILE if hostfile else None,
@@ -207,7 +224,8 @@ def cmd_mount(args, out) -> int:
     (``remounted``), as is a mount of ours from another head or by another method. A mount that is not
     the agent's is left alone and refused. sshfs logs in as root with root's SSH settings for the
     nodes (``node files write``); a head that does not answer is ``unreachable``, a refusal
-    ``not_retryable``, each with the program's words. Result: ``{"path", "method", "source",
+    ``not_retryable``, each with the program's words. A mount of ours without ``nosuid,nodev`` (an older
+    agent's) is mounted again with them (``remounted``). Result: ``{"path", "method", "source",
     "changed", "already", "remounted", "replaced"}``.
     """
     machine = Machine()
@@ -217,7 +235,8 @@ def cmd_mount(args, out) -> int:
     mounted = machine.mount()
     remounted, replaced = False, None
     if mounted is not None:
-        if mounted["alive"] and mounted["method"] == args.method and mounted["source"] == source:
+        hardened = all(flag in mounted.get("options", ()) for flag in MOUNT_FLAGS)
+        if mounted["alive"] and mounted["method"] == args.method and mounted["source"] == source and hardened:
             if record.get("source") != source:
                 machine.save_record({"role": "node", "method": args.method, "head": head, "source": source})
             return out.result(path=SHARED, method=args.method, source=source, changed=False, already=True,
@@ -227,6 +246,9 @@ def cmd_mount(args, out) -> int:
                                             "then share the cluster's files again" % (mounted["source"], mounted["fstype"]))
         if not mounted["alive"]:
             out.log("/shared from %s does not answer (%s): unmounting it to mount it again" % (mounted["source"], mounted["error"]))
+            remounted = True
+        elif mounted["source"] == source and mounted["method"] == args.method:
+            out.log("/shared from %s is mounted without nosuid,nodev: mounting it again with them" % source)
             remounted = True
         else:
             replaced = mounted["source"]

@@ -40,7 +40,8 @@ def _unescape(field: str) -> str:
 
 
 def mount_at(mountinfo: str, path: str):
-    """The topmost mount on ``path`` in ``/proc/self/mountinfo``'s text: ``{"fstype", "source"}``, or None."""
+    """The topmost mount on ``path`` in ``/proc/self/mountinfo``'s text: ``{"fstype", "source", "options"}``
+    (``options``: the mount's own flags, ``nosuid``, ``nodev`` ...), or None."""
     found = None
     for line in mountinfo.splitlines():
         fields = line.split()
@@ -48,7 +49,7 @@ def mount_at(mountinfo: str, path: str):
             continue
         dash = fields.index("-", 6)
         if _unescape(fields[4]) == path and len(fields) > dash + 2:
-            found = {"fstype": fields[dash + 1], "source": _unescape(fields[dash + 2])}
+            found = {"fstype": fields[dash + 1], "source": _unescape(fields[dash + 2]), "options": fields[5].split(",")}
     return found
 
 

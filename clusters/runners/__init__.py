@@ -1,5 +1,6 @@
 """The bodies of the jobs on clusters, by kind: ``RUNNERS[kind](ctx, cluster_id=...)``."""
-from clusters import steps
+from clusters import node_leave, steps
+from clusters.runners.certificates import cluster_renew_run
 from clusters.runners.start import cluster_add_run, cluster_rejoin_run, cluster_start_run
 from clusters.runners.stop import cluster_delete_run, cluster_stop_run
 
@@ -9,4 +10,6 @@ RUNNERS = {
     steps.REJOIN.kind: cluster_rejoin_run,
     steps.STOP.kind: cluster_stop_run,
     steps.DELETE.kind: cluster_delete_run,
+    steps.LEAVE.kind: node_leave.cluster_leave_run,
+    steps.RENEW.kind: cluster_renew_run,
 }

@@ -17,11 +17,11 @@ from clusters import steps
 from clusters.choices import MemberState, Role
 from clusters.connection_texts import NotConnectable
 from clusters.fanout import Outcome, on_every_agent
-from clusters.models import Cluster, ClusterMember
+from clusters.models import Cluster, ClusterMember, NodeSettingsOwed
 from clusters.node_files import NodeFilesError, node_files_specs
 from clusters.selectors import cluster_members
 from console.choices import ErrorKind
-from console.jobs import JobContext, JobError
+from console.jobs import JobContext, JobError, Step
 from machines.agent_results import NodeFilesChange
 from machines.choices import MachineState
 from machines.models import Machine
@@ -61,14 +61,17 @@ def _sort_out(members: list[ClusterMember], outcomes: dict[int, Outcome], ctx: J
     return answered
 
 
-def node_settings_write(ctx: JobContext, cluster: Cluster) -> None:
+def node_settings_write(ctx: JobContext, cluster: Cluster, *, step: Step = steps.WRITE_SETTINGS,
+                        stopped_too: bool = False) -> None:
     """The step WRITE_SETTINGS: every member in Ray gets its node settings, with every node's host key
     (each checked against its machine's pinned fingerprint). Members not in Ray, and members whose agent
-    is older than NODE_FILES_AGENT, are left out with a sentence in the job's log."""
-    steps.WRITE_SETTINGS.always(ctx)
+    is older than NODE_FILES_AGENT, are left out with a sentence in the job's log. ``stopped_too``: a
+    stopped cluster's members that answer are written too (the node key rotated after a machine left)."""
+    step.always(ctx)
     members = cluster_members(cluster, status=False)
-    up = [m for m in members if m.state == MemberState.JOINED]
-    down = [m.machine.name for m in members if m.state != MemberState.JOINED]
+    joined = (lambda m: m.machine.state != MachineState.OFFLINE) if stopped_too else (lambda m: m.state == MemberState.JOINED)
+    up = [m for m in members if joined(m)]
+    down = [m.machine.name for m in members if not joined(m)]
     if down:
         ctx.log(f"{', '.join(down)} {_plural(down, 'is', 'are')} not in Ray: the node settings are written "
                 f"on {_plural(down, 'it', 'them')} when {_plural(down, 'it joins', 'they join')} again.")
@@ -117,6 +120,7 @@ def node_settings_remove(ctx: JobContext, *, cluster: str, machines: Sequence[Ma
         else:
             continue
         kept.append(machine.name)
+        owe_removal(machine, cluster=cluster, why=why)
         left.append(f"{machine.name} kept the node settings of {cluster} ({why}): they are replaced when it joins another "
                     f"cluster; to take them away now, run {machine.python_path or 'python3'} {machine.agent_path} "
                     "node files remove on it as root.")
@@ -125,6 +129,13 @@ def node_settings_remove(ctx: JobContext, *, cluster: str, machines: Sequence[Ma
     ctx.detail(f"Removed from {len(had) - len(kept)} of {len(had)} machine(s)"
                + (f"; left behind on {', '.join(kept)}" if kept else ""))
     return left
+
+
+def owe_removal(machine: Machine, *, cluster: str, why: str = "", shared: bool = True) -> None:
+    """Record that ``machine`` still holds ``cluster``'s node settings (and its /shared mount): taken away at its
+    next contact (clusters/node_leave.py)."""
+    NodeSettingsOwed.objects.update_or_create(machine=machine, defaults={"cluster_name": cluster, "shared": shared,
+                                                                         "last_error": why[:2000]})
 
 
 def node_settings_leave(ctx: JobContext, *, cluster: Cluster, leaving: Sequence[Machine]) -> None:

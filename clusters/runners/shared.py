@@ -12,6 +12,7 @@ worker died runs the step again.
 """
 from __future__ import annotations
 
+import ipaddress
 
 from clusters import steps
 from clusters.choices import MemberState, Role
@@ -26,6 +27,9 @@ from machines.choices import MachineState
 from machines.versions import agent_outdated
 
 SHARED_AGENT = "0.8.0"  # the first agent with shared export|mount|unmount|status
+# The first agent that exports to the members' addresses (root_squash) and mounts nosuid,nodev; an older
+# head exported NFS to the whole subnet, so it gets sshfs (or nothing) until it is updated.
+MEMBERS_EXPORT_AGENT = "0.10.0"
 
 def _record(cluster: Cluster, shared_files: dict) -> None:
     """The method the cluster uses, for its Connect card (written only here)."""
@@ -73,6 +77,13 @@ def _abilities(ctx: JobContext, head: ClusterMember, members: list[ClusterMember
     return found
 
 
+def export_members(cluster: Cluster) -> list[str]:
+    """The addresses the head's NFS export serves: every other member of the record's, one line each."""
+    addresses = {ipaddress.ip_address(a) for a in ClusterMember.objects.filter(cluster=cluster).exclude(role=Role.HEAD)
+                 .values_list("address", flat=True) if a}
+    return [str(a) for a in sorted(addresses, key=lambda a: (a.version, a))]
+
+
 def shared_files_share(ctx: JobContext, cluster: Cluster, *, keep_method: bool = False) -> SharedChoice | None:
     """The step SHARE_FILES: the head exports /shared and every other member in Ray mounts it. With
     ``keep_method`` (machines joining, a repair) the cluster's method stays while the head can serve it.
@@ -86,11 +97,17 @@ def shared_files_share(ctx: JobContext, cluster: Cluster, *, keep_method: bool =
         ctx.detail("Not shared: the head cannot serve /shared")
         return None
     abilities = _abilities(ctx, head, usable, left)
+    head_abilities = abilities.get(head.machine.name)
+    if head_abilities and head_abilities.able("nfs_export") and agent_outdated(head.machine.agent_version, MEMBERS_EXPORT_AGENT):
+        abilities[head.machine.name] = Abilities(
+            can={**head_abilities.can, "nfs_export": False},
+            cannot={**head_abilities.cannot, "nfs_export": f"its agent {head.machine.agent_version or '(unknown)'} exports "
+                                                           f"NFS to the whole subnet: select Update agent on its page"})
     current = cluster.shared_files.get("method", "") if keep_method else ""
     choice = shared_method(head.machine.name, abilities, current=current if current != NONE else "")
     if choice.method == NONE:
         ctx.log(f"/shared stays on {head.machine.name} only: {choice.reason}")
-    on_member(head, lambda agent: agent.shared_export(method=choice.method, allow_from=cluster.network))
+    on_member(head, lambda agent: agent.shared_export(method=choice.method, members=export_members(cluster)))
     by_name = {m.machine.name: m for m in usable}
     mounting = [by_name[name] for name in choice.mount_on]
     outcomes = on_every_agent([m.machine for m in mounting],

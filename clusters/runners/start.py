@@ -16,7 +16,10 @@ from clusters.choices import ClusterState, MemberState, Role
 from clusters.fanout import ProgressBoard, offline_reason, on_member, parallel
 from clusters.lifecycle import cluster_changed, cluster_transition, member_transition, members_transition
 from clusters.models import Cluster, ClusterMember
+from clusters.runners.certificates import certificates_issue
+from clusters.runners.firewall import firewall_close
 from clusters.runners.nodes import node_settings_write
+from clusters.runners.secrets import check_token_agents, secrets_deliver
 from clusters.runners.shared import shared_files_share
 from clusters.selectors import cluster_members
 from clusters.transfer import distribute
@@ -62,14 +65,20 @@ def _start(ctx: JobContext, cluster: Cluster, *, restart: bool) -> None:
     members = cluster_members(cluster, accelerators=True, chunks=True)
     head = next(m for m in members if m.role == Role.HEAD)
     _check_agents([m for m in members if m.machine.state == MachineState.HEALTHY])
+    check_token_agents([m for m in members if m.machine.state == MachineState.HEALTHY])
     _check_images_held(members)
     usable = _drop_unusable(members, head)
     with ProgressBoard(cluster) as board:
         if restart:
             usable = _stage(ctx, steps.STOP_RAY, usable, head, board, _stop_ray)
+        # The firewall first: before Ray listens on its ports, and before the image moves between the machines'
+        # file servers (a table another cluster left on a machine that was away at its delete would refuse them).
+        usable = firewall_close(ctx, cluster, usable, head, board)
         if steps.GET_IMAGE.begin(ctx):
             usable = distribute(ctx, cluster, usable, head, board, images.runtime_files)
         usable = _stage(ctx, steps.LOAD_IMAGE, usable, head, board, _load_and_start_runtime)
+        usable = _stage(ctx, steps.DELIVER_SECRETS, usable, head, board, secrets_deliver(cluster))
+        usable = certificates_issue(ctx, cluster, usable, head, board)
     # Machines that dropped out in an earlier run of this job stay out of it.
     failed = set(ClusterMember.objects.filter(cluster=cluster, state=MemberState.FAILED).values_list("pk", flat=True))
     usable = [m for m in usable if m.pk not in failed or m.pk == head.pk]
@@ -137,13 +146,17 @@ def cluster_add_run(ctx: JobContext, *, cluster_id: int) -> None:
     holders = [m for m in members if m.pk not in wanted and m.state == MemberState.JOINED]
     try:
         _check_agents(new)
+        check_token_agents(new)
         _check_images_held(new)
         with ProgressBoard(cluster) as board:
+            new = firewall_close(ctx, cluster, new, head, board, others=holders, tolerate_all=True)
             new = _stage(ctx, steps.REACH_HEAD, new, head, board, lambda m, b: _reach_head(m, b, head, cluster),
                          tolerate_all=True, detail=f"{head.machine.name} at {head.address}:{cluster.ray_port}")
             if steps.GET_IMAGE.begin(ctx):
                 new = distribute(ctx, cluster, [*holders, *new], head, board, images.runtime_files, joining={m.pk for m in new})
             new = _stage(ctx, steps.LOAD_IMAGE, new, head, board, _load_and_start_runtime, tolerate_all=True)
+            new = _stage(ctx, steps.DELIVER_SECRETS, new, head, board, secrets_deliver(cluster), tolerate_all=True)
+            new = certificates_issue(ctx, cluster, new, head, board, tolerate_all=True)
             seen: list[RayStatus] = []
             new = _stage(ctx, steps.JOIN_RAY, new, head, board, lambda m, b: _join(m, b, head, cluster, seen), tolerate_all=True)
         steps.CHECK_RAY.always(ctx)
@@ -173,6 +186,9 @@ def cluster_rejoin_run(ctx: JobContext, *, cluster_id: int) -> None:
         again = _stage(ctx, steps.TAKE_OUT, again, head, board, _stop_ray, tolerate_all=True,
                        detail=", ".join(m.machine.name for m in again))
         again = _stage(ctx, steps.START_RUNTIME, again, head, board, _load_and_start_runtime, tolerate_all=True)
+        again = _stage(ctx, steps.DELIVER_SECRETS, again, head, board, secrets_deliver(cluster), tolerate_all=True)
+        again = certificates_issue(ctx, cluster, again, head, board, tolerate_all=True)
+        again = firewall_close(ctx, cluster, again, head, board, tolerate_all=True)
         seen: list[RayStatus] = []
         again = _stage(ctx, steps.JOIN_RAY, again, head, board, lambda m, b: _join(m, b, head, cluster, seen), tolerate_all=True)
     steps.CHECK_RAY.always(ctx)

@@ -16,7 +16,9 @@ from clusters.choices import ClusterState, MemberState
 from clusters.fanout import each
 from clusters.lifecycle import cluster_transition, member_transition
 from clusters.models import Cluster, ClusterMember
+from clusters.runners.firewall import firewall_open
 from clusters.runners.nodes import node_settings_remove
+from clusters.runners.secrets import secrets_remove
 from clusters.runners.shared import shared_files_unmount
 from clusters.selectors import cluster_members
 from console.choices import JOB_ACTIVE
@@ -95,6 +97,8 @@ def cluster_delete_run(ctx: JobContext, *, cluster_id: int) -> None:
                 cluster.refresh_from_db()
                 message = services.cluster_stop_unconfirmed(cluster=cluster, failures=failures)
             raise JobError(message)
+    firewall_open(ctx, cluster=cluster.name, machines=[m.machine for m in cluster_members(cluster, status=False)])
+    secrets_remove(ctx, cluster=cluster.name, machines=[m.machine for m in cluster_members(cluster, status=False)])
     shared_files_unmount(ctx, cluster)  # before the settings: sshfs logs in with the cluster's own key
     node_settings_remove(ctx, cluster=cluster.name, machines=[m.machine for m in cluster_members(cluster, status=False)])
     steps.DELETE_RECORD.always(ctx)

@@ -203,9 +203,11 @@ class Gateway:
             tried.add(copy.id)
             copy.in_flight += 1
             try:
-                head = upstream.request_head("POST", path, copy.host, copy.port, headers, len(body))
+                head = upstream.request_head("POST", path, copy.host, copy.port, headers + upstream.copy_auth(copy.api_key),
+                                             len(body))
                 try:
-                    response = await self.pool.request(copy.host, copy.port, head, body, timeout=timeout)
+                    response = await self.pool.request(copy.host, copy.port, head, body, timeout=timeout,
+                                                       tls=self.background.tls_for(copy))
                 except upstream.ConnectFailed as exc:
                     self.background.copy_failed(route, copy, str(exc))
                     refused.append(f"copy #{copy.number}: {exc}")

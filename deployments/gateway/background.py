@@ -6,7 +6,10 @@ and report what it saw, so that no request waits on the database or Redis.
 - flush, every second: figures, failure reports and the process's state written to Redis in a thread of
   its own (neither thread waits on the other);
 - probe, every FADEN_GATEWAY_PROBE seconds: each copy out of rotation asked for its ``/health``, a 200 puts
-  it back.
+  it back;
+- the client certificate the gateway presents to copies behind mutual TLS (deployments/copy_tls.py): loaded
+  in the database thread when the first such copy is routed, and looked at again every ``TLS_LOOK_EVERY``
+  seconds (renewed when it is due: new connections present the new one).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from deployments.gateway.routes import CopyRoute, DeploymentRoute, RouteTable, S
 log = logging.getLogger("fadenstack.gateway")
 
 KEY_USE_WRITTEN_EVERY = 60.0  # seconds: a key's last_used_at is written at most this often
+TLS_LOOK_EVERY = 300.0  # seconds between two looks at the client certificate (its renewal)
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,9 @@ class BackgroundWork:
         self.db_thread = ThreadPoolExecutor(1, thread_name_prefix="gateway-db")
         self.redis_thread = ThreadPoolExecutor(1, thread_name_prefix="gateway-redis")
         self.redis = None
+        self.tls = None  # deployments.copy_tls.ClientContext, once a copy behind TLS is routed
+        self.tls_looked_at = 0.0
+        self.tls_error = ""
 
     async def start(self, pool: upstream.Pool) -> None:
         """The first tables (so the first request finds its routes), then the loops."""
@@ -124,6 +131,8 @@ class BackgroundWork:
         self.refresh_error = ""
         self.refreshed_at = time.time()
         changes = self.table.apply(snapshot)
+        if snapshot.copy_tls and (self.tls is None or time.monotonic() - self.tls_looked_at > TLS_LOOK_EVERY):
+            await self.tls_load()
         for copy in changes["added"]:
             log.info("Routing %s to copy #%d at %s", copy.deployment, copy.number, copy.url)
         for copy in changes["removed"]:
@@ -144,6 +153,33 @@ class BackgroundWork:
             connection.close()  # a broken connection is opened again on the next try
             raise
 
+    async def tls_load(self) -> None:
+        """The client certificate (renewed by console/pki.py when due), in the database thread: it reads files."""
+        from deployments.copy_tls import client_context
+
+        self.tls_looked_at = time.monotonic()
+        try:
+            loaded = await asyncio.get_running_loop().run_in_executor(self.db_thread, client_context)
+        except Exception as exc:  # the copies behind TLS cannot be called until it loads: said once
+            words = f"{type(exc).__name__}: {exc}"
+            if words != self.tls_error:
+                log.error("The gateway cannot load its client certificate for the copies behind TLS: %s", words)
+            self.tls_error = words
+            return
+        if self.tls is None or loaded.not_after != self.tls.not_after:
+            log.info("The gateway presents its client certificate (valid until %s) to the copies behind TLS.",
+                     loaded.not_after.isoformat() if loaded.not_after else "?")
+            self.tls = loaded
+        self.tls_error = ""
+
+    def tls_for(self, copy: CopyRoute):
+        """The context to call ``copy`` with: None for a plain copy; ConnectFailed while none could be loaded."""
+        if not copy.tls:
+            return None
+        if self.tls is None:
+            raise upstream.ConnectFailed(f"the gateway has no client certificate for it ({self.tls_error or 'not loaded yet'})")
+        return self.tls.context
+
     # -- figures and reports -------------------------------------------------------------------------------
 
     async def flush(self) -> None:
@@ -154,6 +190,8 @@ class BackgroundWork:
             "out_of_rotation": [{"copy": c.id, "name": c.deployment, "number": c.number, "url": c.url, "why": c.out_reason}
                                 for c in self.table.out_of_rotation()],
             "routes_read_at": self.refreshed_at, "routes_error": self.refresh_error,
+            # Copies out of the routes still answering this process's requests: a drain ends its grace once none.
+            "leaving": {str(pk): count for pk, count in self.table.leaving_in_flight().items()},
         }
         try:
             await asyncio.get_running_loop().run_in_executor(self.redis_thread, self._write, counts, reports, state)
@@ -189,9 +227,10 @@ class BackgroundWork:
             await asyncio.gather(*(self._probe(copy) for copy in out))
 
     async def _probe(self, copy: CopyRoute) -> None:
-        head = upstream.request_head("GET", "/health", copy.host, copy.port, [], None)
+        head = upstream.request_head("GET", "/health", copy.host, copy.port, upstream.copy_auth(copy.api_key), None)
         try:
-            response = await self.pool.request(copy.host, copy.port, head, b"", timeout=self.config.connect_timeout)
+            response = await self.pool.request(copy.host, copy.port, head, b"", timeout=self.config.connect_timeout,
+                                               tls=self.tls_for(copy))
             try:
                 while await response.read(self.config.connect_timeout):
                     pass

@@ -30,6 +30,8 @@ class CopyRoute:
     in_flight: int = 0
     out_since: float | None = None  # monotonic time it was taken out of rotation, None while in it
     out_reason: str = ""
+    api_key: str | None = None  # the copy's own key, sent in place of the client's (None: a copy without one)
+    tls: bool = False  # it serves mutual TLS: called with the console's client certificate (deployments/copy_tls.py)
 
     @property
     def out(self) -> bool:
@@ -37,7 +39,7 @@ class CopyRoute:
 
     @property
     def url(self) -> str:
-        return copy_url(self.host, self.port)
+        return copy_url(self.host, self.port, tls=self.tls)
 
     def take_out(self, reason: str) -> bool:
         """Out of rotation at once; True when it was in rotation until now."""
@@ -105,11 +107,13 @@ class Snapshot:
     deployments: tuple[tuple[str, int, int], ...]  # (name, id, created in Unix seconds), by name
     copies: tuple[tuple[int, int, int, str, int, str], ...]  # (copy id, deployment id, number, address, port, since)
     keys: tuple[tuple[str, int, tuple[str, ...], bool], ...]  # (sha256, key id, limited to names or (), revoked)
+    copy_keys: tuple[tuple[int, str], ...] = ()  # (copy id, the copy's own key) for copies that have one
+    copy_tls: tuple[int, ...] = ()  # the copies that serve mutual TLS
 
 
-def copy_url(address: str, port: int) -> str:
+def copy_url(address: str, port: int, *, tls: bool = False) -> str:
     host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{port}"
+    return f"{'https' if tls else 'http'}://{host}:{port}"
 
 
 def snapshot_load() -> Snapshot:
@@ -124,12 +128,28 @@ def snapshot_load() -> Snapshot:
             state__in=ROUTED, address__isnull=False, port__isnull=False,
         ).order_by("deployment_id", "number").values_list("id", "deployment_id", "number", "address", "port", "serving_since")
     )
+    copy_keys = _copy_keys(Copy.objects.filter(state__in=ROUTED).exclude(api_key_sealed="").values_list(
+        "id", "api_key_sealed"))
+    copy_tls = tuple(Copy.objects.filter(state__in=ROUTED, tls=True).order_by("pk").values_list("id", flat=True))
     keys = tuple(
         (digest, pk, tuple(names) if isinstance(names, list) else (), revoked is not None)
         for pk, digest, names, revoked in GatewayKey.objects.order_by("pk").values_list(
             "id", "key_hash", "deployments", "revoked_at")
     )
-    return Snapshot(deployments=deployments, copies=copies, keys=keys)
+    return Snapshot(deployments=deployments, copies=copies, keys=keys, copy_keys=copy_keys, copy_tls=copy_tls)
+
+
+_unsealed: dict[tuple[int, str], str | None] = {}  # (copy id, sealed) -> key: unsealed once, not every refresh
+
+
+def _copy_keys(rows) -> tuple[tuple[int, str], ...]:
+    from deployments.copy_keys import copy_key_of
+
+    global _unsealed
+    known = {(pk, sealed): _unsealed[(pk, sealed)] if (pk, sealed) in _unsealed else copy_key_of(pk, sealed)
+             for pk, sealed in rows}
+    _unsealed = known
+    return tuple((pk, key) for (pk, _), key in sorted(known.items()) if key)
 
 
 class RouteTable:
@@ -140,6 +160,8 @@ class RouteTable:
         self.keys: dict[str, KeyEntry] = {}
         self.copies: dict[int, CopyRoute] = {}
         self.snapshot: Snapshot | None = None
+        # Copies that left the routes with requests still in flight (a drain waits for them to finish).
+        self.leaving: dict[int, CopyRoute] = {}
 
     def apply(self, snapshot: Snapshot) -> dict[str, list]:
         """Take in what the database says now; returns the copies that came and went (for the log)."""
@@ -148,13 +170,17 @@ class RouteTable:
         names = {pk: name for name, pk, _ in snapshot.deployments}
         deployments = {name: DeploymentRoute(id=pk, name=name, created=created) for name, pk, created in snapshot.deployments}
         copies: dict[int, CopyRoute] = {}
+        copy_keys = dict(snapshot.copy_keys)
+        copy_tls = frozenset(snapshot.copy_tls)
         for pk, deployment_id, number, host, port, since in snapshot.copies:
             name = names.get(deployment_id)
             if name is None:
                 continue
             route = self.copies.get(pk)
-            if route is None or (route.host, route.port, route.since) != (host, port, since):
-                route = CopyRoute(id=pk, number=number, deployment=name, host=host, port=port, since=since)
+            tls = pk in copy_tls
+            if route is None or (route.host, route.port, route.since, route.tls) != (host, port, since, tls):
+                route = CopyRoute(id=pk, number=number, deployment=name, host=host, port=port, since=since, tls=tls)
+            route.api_key = copy_keys.get(pk)
             copies[pk] = route
             deployments[name].copies.append(route)
         for name, route in deployments.items():
@@ -162,6 +188,9 @@ class RouteTable:
                 route.turn = old.turn
         added = [copies[pk] for pk in copies.keys() - self.copies.keys()]
         removed = [self.copies[pk] for pk in self.copies.keys() - copies.keys()]
+        for route in removed:
+            if route.in_flight:
+                self.leaving[route.id] = route
         self.deployments, self.copies = deployments, copies
         self.keys = {digest: KeyEntry(id=pk, allowed=frozenset(names) if names else None, revoked=revoked)
                      for digest, pk, names, revoked in snapshot.keys}
@@ -172,6 +201,11 @@ class RouteTable:
         """The deployments with a copy in rotation (that ``key`` may use), by name."""
         return [route for name, route in self.deployments.items()
                 if route.in_rotation and (key is None or key.may_use(name))]
+
+    def leaving_in_flight(self) -> dict[int, int]:
+        """The copies that left the routes and still answer requests this process sent them: {copy id: how many}."""
+        self.leaving = {pk: route for pk, route in self.leaving.items() if route.in_flight > 0 and pk not in self.copies}
+        return {pk: route.in_flight for pk, route in self.leaving.items()}
 
     def out_of_rotation(self) -> list[CopyRoute]:
         return [copy for copy in self.copies.values() if copy.out_since is not None]

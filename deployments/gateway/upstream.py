@@ -10,8 +10,10 @@ few tens. It does only what the gateway needs:
 - the request written in one piece (head and body: the body is already read);
 - the answer's status and headers, then its body as it arrives (``Response.read``), chunk by chunk,
   reading from the copy paused while the client is slower than the copy;
-- ``ConnectFailed`` when no connection could be made (refused, or not within the connect timeout): the
-  copy never saw the request; ``BrokeOff`` when the connection ended before the answer did; ``TimedOut``
+- a copy behind mutual TLS (``tls``: the gateway's ``ssl.SSLContext``, its client certificate) is called over
+  TLS on connections of its own: the handshake is paid once per connection, kept alive like the others;
+- ``ConnectFailed`` when no connection could be made (refused, not within the connect timeout, or a TLS
+  handshake that failed): the copy never saw the request; ``BrokeOff`` when the connection ended before the answer did; ``TimedOut``
   when the copy sent nothing for the read timeout (the connection is then closed).
 
 A kept-alive connection the copy closed while it was idle is noticed by the event loop at once; if a
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ssl
 import time
 
 import httptools
@@ -69,7 +72,7 @@ class Response:
 class UpstreamConnection(asyncio.Protocol):
     """One connection to a copy, one request at a time."""
 
-    def __init__(self, pool: Pool, key: tuple[str, int]):
+    def __init__(self, pool: Pool, key: tuple[str, int, bool]):
         self.pool, self.key = pool, key
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
@@ -225,11 +228,13 @@ class Pool:
 
     def __init__(self, *, connect_timeout: float):
         self.connect_timeout = connect_timeout
-        self.idle: dict[tuple[str, int], list[UpstreamConnection]] = {}
+        self.idle: dict[tuple[str, int, bool], list[UpstreamConnection]] = {}
 
-    async def request(self, host: str, port: int, head: bytes, body: bytes, *, timeout: float | None) -> Response:
-        """Send one request (``head`` ends with the blank line) and return the answer once its head came."""
-        key = (host, port)
+    async def request(self, host: str, port: int, head: bytes, body: bytes, *, timeout: float | None,
+                      tls: ssl.SSLContext | None = None) -> Response:
+        """Send one request (``head`` ends with the blank line) and return the answer once its head came;
+        over TLS with ``tls`` (the copy's certificate checked against ``host``)."""
+        key = (host, port, tls is not None)
         request = head + body
         idle = self.idle.get(key)
         while idle:
@@ -242,18 +247,22 @@ class Pool:
                 if connection.received:
                     raise
                 # closed by the copy while idle, before a byte of an answer: send it on a new connection
-        connection = await self._connect(key)
+        connection = await self._connect(key, tls)
         return await connection.send(request, timeout)
 
-    async def _connect(self, key: tuple[str, int]) -> UpstreamConnection:
+    async def _connect(self, key: tuple[str, int, bool], tls: ssl.SSLContext | None) -> UpstreamConnection:
         loop = asyncio.get_running_loop()
+        secure = {"ssl": tls, "server_hostname": key[0], "ssl_handshake_timeout": self.connect_timeout} if tls else {}
         try:
             _, connection = await asyncio.wait_for(
-                loop.create_connection(lambda: UpstreamConnection(self, key), key[0], key[1]), self.connect_timeout)
+                loop.create_connection(lambda: UpstreamConnection(self, key), key[0], key[1], **secure),
+                self.connect_timeout)
         except TimeoutError:
             raise ConnectFailed(f"did not accept a connection within {self.connect_timeout:g} s") from None
         except ConnectionRefusedError:
             raise ConnectFailed("Connection refused") from None
+        except ssl.SSLError as exc:
+            raise ConnectFailed(f"TLS handshake failed: {exc.reason or exc}") from None
         except OSError as exc:
             raise ConnectFailed(exc.strerror or str(exc)) from None
         return connection
@@ -288,6 +297,12 @@ class Pool:
 def _time_out(future: asyncio.Future, words: str) -> None:
     if not future.done():
         future.set_exception(TimedOut(words))
+
+
+def copy_auth(api_key: str | None) -> list[tuple[bytes, bytes]]:
+    """The header that opens a copy with a key of its own (``deployments/copy_keys.py``): the gateway sends the
+    copy's key, never the client's (the client's Authorization is not passed up)."""
+    return [(b"Authorization", b"Bearer " + api_key.encode("ascii"))] if api_key else []
 
 
 def request_head(method: str, path: str, host: str, port: int, headers: list[tuple[bytes, bytes]], length: int | None) -> bytes:

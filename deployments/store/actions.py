@@ -34,9 +34,13 @@ def model_delete_refusal(model: StoredModel) -> str | None:
     """Why the model may not be deleted now, in words; None when it may."""
     if job := selectors.model_active_job(model):
         return f"{model} has a job running ({job.title}): wait for it to end."
-    users = list(Deployment.objects.filter(model=model).values_list("name", flat=True))
+    users = list(Deployment.objects.shown().filter(model=model).values_list("name", flat=True))
     if users:
         return f"{model} is used by the deployment{'s' if len(users) > 1 else ''} {', '.join(users)}: delete them first."
+    left = list(Deployment.objects.filter(model=model, orphaned_at__isnull=False).values_list("name", "cluster__name"))
+    if left:
+        return (f"{model} runs without a deployment as {', '.join(f'{n} on {c}' for n, c in left)}: take "
+                f"{'them' if len(left) > 1 else 'it'} over on the cluster's page first.")
     held = list(model.holdings.values_list("machine__name", flat=True))
     if held:
         return (f"{', '.join(held)} still hold{'s' if len(held) == 1 else ''} {model}'s files: remove them from "

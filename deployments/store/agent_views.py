@@ -6,12 +6,14 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_http_methods
 
 from clusters.agent_views import file_response, open_whole
+from console.agent_tls import agents_over_tls
 from deployments.models import ModelFile
 from deployments.store import disk, machine_files
 
 
 @login_not_required
 @require_http_methods(["GET", "HEAD"])
+@agents_over_tls
 def model_file_download(request: HttpRequest, digest: str):
     """A model's file for a machine, with ``Range``: ``Authorization: Bearer <model file token>``."""
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")

@@ -20,6 +20,12 @@ if AGENT_DIR not in sys.path:
     sys.path.insert(0, AGENT_DIR)
 
 
+@pytest.fixture(autouse=True)
+def _secrets_apart(tmp_path_factory, monkeypatch):
+    """The clusters' secrets directories (``secretsdir``) in a directory of the test's, never /etc."""
+    monkeypatch.setenv("FADEN_AGENT_SECRETS", str(tmp_path_factory.mktemp("secrets") / "clusters"))
+
+
 @pytest.fixture
 def machine_python() -> str:
     """The interpreter the agent meets on machines (/usr/bin/python3), else ours."""
@@ -65,3 +71,9 @@ def small_fs():
     for path in mounted:
         subprocess.run(["umount", path])
         os.rmdir(path)
+
+
+@pytest.fixture(autouse=True)
+def cluster_secrets_elsewhere(tmp_path, monkeypatch):
+    """The clusters' secrets directories (/etc/fadenstack/clusters as root) in the test's own directory."""
+    monkeypatch.setenv("FADEN_AGENT_SECRETS", str(tmp_path / "agent-secrets"))

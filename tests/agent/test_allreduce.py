@@ -1,9 +1,11 @@
 """``allreduce run|exec``: the NCCL test's agent side. The argv and the launcher's quoting (pure), then
 the command itself with the ``process`` driver: a fake ``mpirun`` for the line streaming, the lock and
 the kill, and, when Open MPI is on this host, a real mpirun across two "nodes" on loopback addresses
-(127.0.0.2, 127.0.0.3) running the lab's ``all_reduce_perf``, its launcher's ssh a stand-in that runs
-the command here (as the remote login shell would), through ``allreduce exec`` of the agent."""
+(127.0.0.2, 127.0.0.3) running the lab's ``all_reduce_perf``, its launcher asking the agent, whose ssh
+is a stand-in that runs the command here (as the remote login shell would), through ``allreduce exec``.
+The runtime never holds the cluster's key, and a link planted where the run once wrote is not followed."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -11,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -42,13 +45,12 @@ exec setsid --wait sh -c "$*"
 
 def test_mpirun_runs_one_process_per_gpu_on_nodes_of_different_gpu_counts_with_nccl_tests_own_flags():
     spec = allreducespec.check_spec(dict(SPEC, nodes=[dict(NODES[0], gpus=8), dict(NODES[1], gpus=4)], check=False))
-    assert allreducespec.mpirun_argv(spec, "/var/lib/fadenstack/allreduce/hostfile", "/var/lib/fadenstack/allreduce/launch") == [
-        "mpirun", "--allow-run-as-root", "--leave-session-attached", "--hostfile", "/var/lib/fadenstack/allreduce/hostfile", "-np", "12",
-        "--map-by", "slot", "--bind-to", "none", "--mca", "plm_rsh_agent", "/var/lib/fadenstack/allreduce/launch",
+    assert allreducespec.mpirun_argv(spec, "/tmp/fadenstack-allreduce/launch") == [
+        "mpirun", "--allow-run-as-root", "--leave-session-attached", "--host", "127.0.0.2:8,127.0.0.3:4", "-np", "12",
+        "--map-by", "slot", "--bind-to", "none", "--mca", "plm_rsh_agent", "python3 /tmp/fadenstack-allreduce/launch",
         "--mca", "plm_rsh_no_tree_spawn", "1", "-x", "FADEN_ALLREDUCE_NODES=127.0.0.2,127.0.0.3",
         "-x", "FADEN_ALLREDUCE_SLOTS=8,4",
         "all_reduce_perf", "-b", "1048576", "-e", "4194304", "-f", "2", "-g", "1", "-n", "2", "-w", "0", "-c", "0"]
-    assert allreducespec.hostfile_text(spec["nodes"]) == "127.0.0.2 slots=8\n127.0.0.3 slots=4\n"
 
 
 @pytest.mark.parametrize("change, words", [
@@ -65,27 +67,6 @@ def test_a_spec_that_cannot_run_is_refused_as_bad_input_saying_why(change, words
         allreducespec.check_spec(dict(SPEC, **change))
     assert refused.value.kind == "bad_input"
     assert words in refused.value.message
-
-
-def test_the_launcher_hands_the_remote_shell_orteds_words_exactly_as_mpirun_gave_them(tmp_path):
-    remote = allreducespec.remote_agent_argv("gpu-room", "/opt/fadenstack/agent/fadenstack agent 0.8.0.pyz", None)
-    launcher = tmp_path / "launch"
-    launcher.write_text(allreducespec.launcher_text(remote, "/var/lib/fadenstack/allreduce/ssh/config"))
-    launcher.chmod(0o755)
-    recorder = tmp_path / "ssh"
-    recorder.write_text('#!/bin/sh\nfor w in "$@"; do printf "%s\\0" "$w"; done > "$RECORD"\n')
-    recorder.chmod(0o755)
-    words = ["orted", "-mca", "ess", '"env"', "-mca", "orte_hnp_uri", '"88932352.0;tcp://10.0.0.1:53745"', "it's"]
-    env = dict(os.environ, PATH="%s:%s" % (tmp_path, os.environ["PATH"]), RECORD=str(tmp_path / "record"))
-    subprocess.run([str(launcher), "198.18.1.12", *words], env=env, check=True, timeout=30)
-    argv = (tmp_path / "record").read_bytes().split(b"\0")[:-1]
-    assert [w.decode() for w in argv[:7]] == ["-F", "/var/lib/fadenstack/allreduce/ssh/config", "-o", "BatchMode=yes",
-                                            "-o", "ConnectTimeout=30", "--"]
-    assert argv[7] == b"198.18.1.12"
-    remote_line = b" ".join(argv[8:]).decode()  # what ssh sends: its words joined, for the remote shell
-    as_remote_shell = "set -- " + remote_line + "; for w in \"$@\"; do printf '%s\\0' \"$w\"; done"
-    parsed = subprocess.run(["sh", "-c", as_remote_shell], capture_output=True, check=True).stdout.split(b"\0")[:-1]
-    assert [w.decode() for w in parsed] == remote + [" ".join(words)]
 
 
 def test_a_nodes_own_nccl_and_gloo_settings_come_from_its_cluster_env(tmp_path):
@@ -149,7 +130,12 @@ def machine(tmp_path):
     (bin_dir / "ssh").write_text(FAKE_SSH)
     (bin_dir / "ssh").chmod(0o755)
     port = free_port()
+    # Open MPI's session directories go under TMPDIR: one of this test's own, short (they hold Unix
+    # sockets), so that another test's mpirun ending at the same moment does not remove the shared
+    # /tmp/ompi.* under this one's feet (mpirun then stops with exit 213, "File exists").
+    sessions = tempfile.mkdtemp(prefix="ompi-")
     env = dict(os.environ, PATH="%s:%s" % (bin_dir, os.environ["PATH"]), PYTHONPATH=AGENT, FADEN_AGENT_HOME=str(home),
+               TMPDIR=sessions,
                FADEN_AGENT_STORE=str(store), FADEN_AGENT_CONFIG=str(tmp_path / "agent.json"),
                FADEN_NODE_FILES_ROOT=str(root), FADEN_LAB_HOSTFILE=str(tmp_path / "no-hostfile"),  # -x tells the nodes
                FADEN_LAB_ALL_REDUCE_PORT=str(port), FAKE_SSH_LOG=str(tmp_path / "ssh.log"), MARK=str(tmp_path))
@@ -171,7 +157,8 @@ def machine(tmp_path):
             (bin_dir / "mpirun").write_text("#!/bin/sh\n" + script)
             (bin_dir / "mpirun").chmod(0o755)
 
-    return Machine
+    yield Machine
+    shutil.rmtree(sessions, ignore_errors=True)
 
 
 def free_port() -> int:
@@ -218,18 +205,36 @@ def test_each_line_comes_as_a_progress_event_while_the_program_still_runs(machin
     result = rest[-1]
     assert (result["event"], result["exit_status"], result["timed_out"], result["stderr_tail"]) == (
         "result", 3, False, ["its words"])
-    assert not (machine.path / "store" / "allreduce" / "ssh" / "key").exists()  # the key's copy went with the run
+    assert sorted(os.listdir(machine.path / "store")) == ["runtime"]  # nothing of the run in the store
 
 
-def test_the_run_gets_the_copied_ssh_files_with_their_paths_made_the_copies(machine):
-    machine.fake_mpirun('cat "$(dirname "$0")/../store/allreduce/ssh/config"\n'
-                        'stat -c %a "$(dirname "$0")/../store/allreduce/ssh/key"\n')
+def digests(paths) -> dict:
+    return {str(path): hashlib.sha256(path.read_bytes()).hexdigest() for path in paths}
+
+
+def test_the_runs_ssh_config_is_the_agents_own_with_roots_key_and_links_planted_where_the_run_once_wrote_are_not_followed(machine):
+    # A hostile runtime's links where the run wrote before (the store), and one in the agent's own directory.
+    targets = [machine.path / "root" / "root" / ".ssh" / "authorized_keys", machine.path / "root" / "etc" / "shadow"]
+    for target in targets:
+        target.write_text("root's own\n")
+    planted = machine.path / "store" / "allreduce"
+    (planted / "ssh").mkdir(parents=True)
+    for index, name in enumerate(["hostfile", "launch", "run.json", "mpirun.pid", "orted.pid", "ssh/key", "ssh/config",
+                                  "ssh/known_hosts"]):
+        os.symlink(targets[index % 2], planted / name)
+    (machine.path / "home" / "allreduce").mkdir(mode=0o700)
+    os.symlink(targets[0], machine.path / "home" / "allreduce" / "run.json")
+    before = digests(targets)
+    machine.fake_mpirun('cat "$FADEN_AGENT_HOME/allreduce/ssh_config"\nstat -c %a "$FADEN_AGENT_HOME/allreduce/ssh_config"\n'
+                        'grep -rl secret "$FADEN_AGENT_STORE" "$FADEN_AGENT_HOME" || echo "no key"\n')
     *progress, result = events(machine.run(SPEC))
     lines = [event["line"] for event in progress if event["event"] == "progress"]
-    store = str(machine.path / "store")
-    assert "    IdentityFile %s/allreduce/ssh/key" % store in lines
-    assert "    UserKnownHostsFile %s/allreduce/ssh/known_hosts" % store in lines
-    assert lines[-1] == "600" and result["exit_status"] == 0
+    assert "    IdentityFile %s/root/.ssh/fadenstack_cluster" % (machine.path / "root") in lines  # root's key, not a copy
+    assert "    UserKnownHostsFile %s/etc/fadenstack/known_hosts" % (machine.path / "root") in lines
+    assert lines[-2:] == ["600", "no key"] and result["exit_status"] == 0
+    assert digests(targets) == before
+    assert all(os.path.islink(planted / name) for name in ["hostfile", "launch", "run.json", "ssh/key"])  # not even removed
+    assert sorted(os.listdir(machine.path / "home" / "allreduce")) == []  # the run's files went with it
 
 
 def test_a_second_run_on_the_machine_is_refused_naming_the_one_that_runs(machine):
@@ -277,7 +282,8 @@ at = 1
 while args[at] == "-e":
     assert args[at + 1] in os.environ, args[at + 1]
     at += 2
-command = [word.replace("/var/lib/fadenstack", os.environ["FADEN_AGENT_STORE"]) for word in args[at + 1:]]
+command = [word.replace("/var/lib/fadenstack", os.environ["FADEN_AGENT_STORE"]).replace(
+    "/tmp/fadenstack-allreduce", os.environ["FAKE_INSIDE"]) for word in args[at + 1:]]
 os.execvp(command[0], command)
 """
 
@@ -291,6 +297,7 @@ def in_container(machine):
     (machine.path / "agent.json").write_text("{}")
     os.symlink(STUB, machine.path / "bin" / "all_reduce_perf")  # the image's, on its PATH
     machine.environ["FAKE_ENGINE_LOG"] = str(machine.path / "engine.log")
+    machine.environ["FAKE_INSIDE"] = str(machine.path / "inside")  # the container's /tmp/fadenstack-allreduce
     return lambda: [json.loads(line) for line in (machine.path / "engine.log").read_text().splitlines()]
 
 
@@ -301,16 +308,20 @@ def test_in_a_container_the_run_goes_through_the_engines_exec_and_is_ended_insid
     *_, result = events(machine.run(dict(SPEC, timeout=2)), timeout=60)
     assert result["timed_out"] is True and result["exit_status"] == 143
     assert (machine.path / "ended").read_text() == "ended by TERM\n"
-    check, run, kill = [call for call in calls() if call[0] == "exec"]
+    execs = [call for call in calls() if call[0] == "exec"]
+    check, put, run = execs[:3]
     assert ["inspect", "--format", "{{json .State}}", "fadenstack-gpu-room"] in calls()  # to find mpirun's tree
-    assert check[:4] == ["exec", "fadenstack-gpu-room", "sh", "-c"] and check[-3:] == ["mpirun", "all_reduce_perf", "ssh"]
-    assert run[:7] == ["exec", "-e", "NCCL_SOCKET_IFNAME", "fadenstack-gpu-room", "sh", "-c", 'echo $$ > "$0" && exec "$@"']
-    assert run[7:13] == ["/var/lib/fadenstack/allreduce/mpirun.pid", "mpirun", "--allow-run-as-root",
-                         "--leave-session-attached", "--hostfile", "/var/lib/fadenstack/allreduce/hostfile"]
-    assert "/var/lib/fadenstack/allreduce/launch" in run and run[-1] == "1"
-    assert kill == ["exec", "fadenstack-gpu-room"] + allreducespec.kill_argv("TERM", "/var/lib/fadenstack/allreduce/mpirun.pid")
-    launcher = (machine.path / "store" / "allreduce" / "launch").read_text()
-    assert "-F /var/lib/fadenstack/allreduce/ssh/config" in launcher  # the SSH files as the container sees them
+    assert check[:4] == ["exec", "fadenstack-gpu-room", "sh", "-c"] and check[-3:] == ["mpirun", "all_reduce_perf", "python3"]
+    assert put[:4] == ["exec", "fadenstack-gpu-room", "sh", "-c"] and put[-2] == "/tmp/fadenstack-allreduce"  # written inside
+    assert "allreduce launcher" in put[-1] and "PRIVATE KEY" not in put[-1]
+    assert run[:7] == ["exec", "-e", "NCCL_SOCKET_IFNAME", "fadenstack-gpu-room", "sh", "-c",
+                       'mkdir -p -m 700 "${0%/*}" && echo $$ > "$0" && exec "$@"']
+    assert run[7:13] == ["/tmp/fadenstack-allreduce/mpirun.pid", "mpirun", "--allow-run-as-root",
+                         "--leave-session-attached", "--host", "127.0.0.2:1,127.0.0.3:1"]
+    assert "python3 /tmp/fadenstack-allreduce/launch" in run and run[-1] == "1"
+    assert ["exec", "fadenstack-gpu-room"] + allreducespec.kill_argv("TERM", "/tmp/fadenstack-allreduce/mpirun.pid") in execs
+    assert execs[-1][-4:] == ["-c", 'rm -rf "$1"', "sh", "/tmp/fadenstack-allreduce"]  # cleaned inside
+    assert not (machine.path / "store" / "allreduce").exists() and not (machine.path / "inside").exists()
 
 
 def test_allreduce_exec_runs_the_daemons_command_in_the_nodes_container_with_its_nccl_settings(machine):
@@ -320,7 +331,7 @@ def test_allreduce_exec_runs_the_daemons_command_in_the_nodes_container_with_its
                           cwd=AGENT, env=machine.environ, capture_output=True, timeout=60)
     assert (done.returncode, done.stdout, done.stderr) == (7, b"orted here\nlo\n", b"")  # the command's own, only
     assert calls() == [["exec", "-e", "NCCL_SOCKET_IFNAME", "fadenstack-gpu-room"] + allreducespec.pid_wrapped(
-        ["sh", "-c", 'echo "orted here"; echo "$NCCL_SOCKET_IFNAME"; exit 7'], "/var/lib/fadenstack/allreduce/orted.pid")]
+        ["sh", "-c", 'echo "orted here"; echo "$NCCL_SOCKET_IFNAME"; exit 7'], "/tmp/fadenstack-allreduce/orted.pid")]
 
 
 def test_allreduce_exec_for_another_cluster_is_refused_on_stderr_too_for_mpirun_to_show(machine):

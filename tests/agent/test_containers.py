@@ -26,10 +26,42 @@ def common(engine_name):
     return [engine_name, "run", "--detach", "--name", "fadenstack-alpha", "--restart", "no",
             "--network", "host", "--ipc", "host",
             "--label", "fadenstack.cluster=alpha", "--label", "fadenstack.machine=lab-a",
-            "-v", STORE + ":/var/lib/fadenstack"]
+            "--cap-drop", "all", "--security-opt", "no-new-privileges",
+            "-v", STORE + ":/var/lib/fadenstack:ro",
+            "-v", STORE + "/ray:/var/lib/fadenstack/ray", "-v", STORE + "/cr:/var/lib/fadenstack/cr",
+            "-v", STORE + "/copies/out:/var/lib/fadenstack/copies/out",
+            "-v", STORE + "/allreduce:/var/lib/fadenstack/allreduce"]
 
 
 # ---------------------------------------------------------------- run
+
+
+def test_the_container_runs_with_least_privilege_the_store_read_only_and_the_secrets_read_only():
+    argv = run(Engine("podman"), secrets_dir="/etc/fadenstack/clusters/alpha")
+    assert argv[argv.index("--cap-drop") + 1] == "all"
+    assert [argv[i + 1] for i, word in enumerate(argv) if word == "--cap-add"] == list(containers.CAPABILITIES)
+    assert argv[argv.index("--security-opt") + 1] == "no-new-privileges"
+    mounts = [argv[i + 1] for i, word in enumerate(argv) if word == "-v"]
+    assert mounts[0] == STORE + ":/var/lib/fadenstack:ro"
+    assert mounts[-1] == "/etc/fadenstack/clusters/alpha:/etc/fadenstack/cluster:ro"
+    writable = [m for m in mounts if not m.endswith(":ro")]
+    # Only what Ray and the engines write; never the agent's records (runtime/, copies/*.json).
+    assert sorted(m.split(":")[0][len(STORE) + 1:] for m in writable) == sorted(containers.WRITABLE)
+    assert not any(m.startswith(STORE + "/runtime") or m.split(":")[0] == STORE + "/copies" for m in writable)
+    with pytest.raises(AgentError):
+        run(Engine("podman"), secrets_dir="relative/dir")
+    with pytest.raises(AgentError):
+        run(Engine("podman"), secrets_dir="/etc/a:/etc")
+
+
+def test_exec_gives_ray_s_token_mode_and_path_by_value_and_nothing_else():
+    argv = Engine("podman").exec_argv("alpha", ["ray", "status"], ["RAY_X"], settings=containers.ray_auth_env())
+    assert argv[argv.index("-e") + 1] == "RAY_X"
+    assert "RAY_AUTH_MODE=token" in argv and "RAY_AUTH_TOKEN_PATH=/etc/fadenstack/cluster/ray-token" in argv
+    with pytest.raises(AgentError):
+        Engine("podman").exec_argv("alpha", ["ray"], settings={"HF_TOKEN": "secret"})
+    with pytest.raises(AgentError):
+        Engine("podman").exec_argv("alpha", ["ray"], settings={"RAY_AUTH_MODE": "token\n-e X=1"})
 
 
 @pytest.mark.parametrize("engine_name", ["docker", "podman"])

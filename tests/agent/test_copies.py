@@ -98,6 +98,12 @@ def test_each_refusal_of_a_spec_says_which_field_and_why(change, words):
     assert words in refused.value.message
 
 
+@pytest.mark.parametrize("env, gpus", [({"CUDA_VISIBLE_DEVICES": "4,5"}, [4, 5]), ({"HIP_VISIBLE_DEVICES": "2"}, [2]),
+                                        ({"NCCL_DEBUG": "INFO"}, None), ({"CUDA_VISIBLE_DEVICES": "GPU-1f2e"}, None)])
+def test_copy_list_reports_the_gpus_a_copys_environment_shows_it_or_none(env, gpus):
+    assert copies.visible_gpus(env) == gpus
+
+
 def test_visible_device_and_engine_variables_are_allowed():
     allowed = {"CUDA_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "1", "ROCR_VISIBLE_DEVICES": "1",
                "VLLM_ATTENTION_BACKEND": "FLASHINFER", "NCCL_SOCKET_IFNAME": "eth1", "HF_HUB_OFFLINE": "1"}
@@ -121,8 +127,8 @@ def test_a_podman_copy_is_exec_detached_in_the_clusters_container_with_variables
                                 {"NCCL_DEBUG": "INFO", "CUDA_VISIBLE_DEVICES": "0,1"})
     assert argv == ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs", "exec", "--detach",
                     "-e", "CUDA_VISIBLE_DEVICES", "-e", "NCCL_DEBUG", "fadenstack-gpu-room",
-                    "sh", "-c", copyproc.LAUNCH, "fadenstack-copy", "/var/lib/fadenstack/copies/d7-c3.pid",
-                    "/var/lib/fadenstack/copies/d7-c3.log"] + GOOD["argv"]
+                    "sh", "-c", copyproc.LAUNCH, "fadenstack-copy", "/var/lib/fadenstack/copies/out/d7-c3.pid",
+                    "/var/lib/fadenstack/copies/out/d7-c3.log"] + GOOD["argv"]
     assert not any("0,1" in word or "INFO" in word for word in argv)     # values never on a command line
 
 
@@ -185,10 +191,12 @@ def test_a_copy_starts_detached_with_the_configured_engine_answers_and_stops(mac
     with open(copyproc.record_path(machine.store, "d7-c3")) as fh:
         record = json.load(fh)
     assert "0,1" not in json.dumps(record) and os.stat(copyproc.record_path(machine.store, "d7-c3")).st_mode & 0o077 == 0
+    assert record["gpus"] == [0, 1]  # the GPUs it was shown, as indices (no variable's value is kept)
 
     code, listed = agent(machine, "copy", "list")
     (shown,) = listed["copies"]
     assert (shown["running"], shown["healthy"], shown["log"], shown["port"]) == (True, True, None, spec["port"])
+    assert (shown["gpus"], shown["cluster"], shown["argv"]) == ([0, 1], "gpu-room", spec["argv"])  # Look for them reads these
     code, logs = agent(machine, "copy", "logs", "--copy", "d7-c3", "--lines", "400")
     assert "INFO:     Application startup complete." in logs["lines"] and logs["running"] is True
     assert any("tokens come at 2000 tokens/s per request" in line for line in logs["lines"])   # engine_env reached it
@@ -558,3 +566,33 @@ def test_a_port_in_use_is_told_in_uvicorns_words(engine, tiny_model):
                           text=True, timeout=20)
     assert done.returncode == 1 and "error while attempting to bind on address ('127.0.0.1', %d): address already in use" \
         % engine.port in done.stdout
+
+
+# ------------------------------------------------------------------ the copy's own key
+
+
+def _get(port, path, key=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", path, headers={"Authorization": "Bearer " + key} if key else {})
+    answer = conn.getresponse()
+    data = answer.read()
+    conn.close()
+    return answer.status, data
+
+
+def test_the_copy_s_key_reaches_the_engine_by_its_environment_only_and_opens_v1_alone(machine, tiny_model):
+    key = "k-" + "s3cr3t" * 6
+    spec = dict(spec_for(tiny_model, gpus="0"), env={"CUDA_VISIBLE_DEVICES": "0", "VLLM_API_KEY": key})
+    code, started = agent(machine, "copy", "start", stdin=spec)
+    assert code == 0, started
+    assert key not in " ".join(cmdline(started["pid"]))                       # never on its command line (ps)
+    with open("/proc/%d/environ" % started["pid"], "rb") as fh:
+        assert ("VLLM_API_KEY=" + key).encode() in fh.read().split(b"\0")
+    with open(copyproc.record_path(machine.store, "d7-c3")) as fh:
+        assert key not in fh.read()                                              # the record keeps names only
+    port = spec["port"]
+    assert _get(port, "/health")[0] == 200                                       # open, as in vLLM
+    assert agent(machine, "copy", "list")[1]["copies"][0]["healthy"] is True
+    assert _get(port, "/v1/models") == (401, b'{"error":"Unauthorized"}')
+    assert _get(port, "/v1/models", "wrong")[0] == 401
+    assert _get(port, "/v1/models", key)[0] == 200

@@ -73,7 +73,7 @@ def test_a_copy_runs_in_the_clusters_container_is_listed_and_stopped_inside_it(w
     code, listed = machine.run(["copy", "list"])
     (shown,) = listed[-1]["copies"]
     assert (shown["running"], shown["healthy"], shown["log"]) == (True, True, None), shown
-    with open(os.path.join(machine.store, "copies", "d1-c1.log")) as fh:
+    with open(os.path.join(machine.store, "copies", "out", "d1-c1.log")) as fh:
         said = fh.read()
     # The argv as given (no shell saw it); the spec's env and the machine's engine_env by name.
     assert ("fake engine: serve /var/lib/fadenstack/models/m --host 127.0.0.1 --port %d --served-model-name "

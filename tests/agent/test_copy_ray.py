@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from fadenstack_agent import copies, copyproc, copyray
+from fadenstack_agent import copies, copyproc, copyray, ports
 from fadenstack_agent.protocol import AgentError
 from tests.agent.test_copies import ENGINE, agent, argv_for, free_port, tiny_model  # noqa: F401 (a fixture)
 from tests.agent.imagehelpers import Machine
@@ -59,11 +59,24 @@ def test_a_node_s_command_picks_the_ports_the_cluster_s_own_ray_would_hold_and_a
     assert temp.startswith(os.path.join(short_dir, "cr")) and temp != copyray.temp_dir(short_dir, "d7-c4-ray")
     with pytest.raises(AgentError, match="is too long"):
         copyray.temp_dir(short_dir + "/" + "x" * 60, "d7-c3-ray")
-    head = copyray.node_argv("ray", {"head": None, "gpus": 2}, "127.0.0.1", temp, 41234, ["--num-cpus=1"])
+    env = {}
+    head = copyray.node_argv("ray", {"head": None, "gpus": 2}, "127.0.0.1", temp, 41234, ["--num-cpus=1"], "d7-c3-ray", env)
+    assert env["RAY_enable_metrics_collection"] == "0"
+    metrics = {int(env["DASHBOARD_METRIC_PORT"]), int(env["AUTOSCALER_METRIC_PORT"])}
     assert head[:6] == ["ray", "start", "--block", "--head", "--port=41234", "--include-dashboard=false"]
-    for flag in ("--ray-client-server-port=", "--dashboard-agent-listen-port=", "--dashboard-port="):
-        (given,) = [word for word in head if word.startswith(flag)]
-        assert int(given.split("=")[1]) not in (10001, 52365, 8265)  # Ray's fixed defaults: the cluster's Ray has them
+    given = {}
+    for flag in ("--ray-client-server-port=", "--dashboard-agent-listen-port=", "--dashboard-port=",
+                 "--node-manager-port=", "--object-manager-port=", "--dashboard-agent-grpc-port=",
+                 "--metrics-export-port=", "--runtime-env-agent-port=", "--min-worker-port=", "--max-worker-port="):
+        (word,) = [word for word in head if word.startswith(flag)]
+        given[flag] = int(word.split("=")[1])
+        # Pinned in the copies' range, away from the cluster's own Ray (which holds Ray's defaults).
+        assert ports.COPY_RAY[0] <= given[flag] <= ports.COPY_RAY[1]
+    singles = [v for k, v in given.items() if "worker-port" not in k] + sorted(metrics)
+    assert len(set(singles)) == len(singles) and 41234 not in singles
+    assert given["--max-worker-port="] - given["--min-worker-port="] == copyray.WORKER_PORTS - 1
+    assert not set(singles) & set(range(given["--min-worker-port="], given["--max-worker-port="] + 1))
+    assert "--dashboard-host=127.0.0.1" in head
     assert "--num-gpus=2" in head and "--temp-dir=%s" % temp in head and "--num-cpus=1" in head
     node = copyray.node_argv("ray", {"head": "127.0.0.1:41234", "gpus": 1}, "127.0.0.1", temp, None, [])
     assert node[:4] == ["ray", "start", "--block", "--address=127.0.0.1:41234"] and "--head" not in node

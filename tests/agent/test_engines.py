@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from fadenstack_agent import engines, rayargs, runtime
+from fadenstack_agent import containers, engines, rayargs, runtime
 from fadenstack_agent.__main__ import main
 from fadenstack_agent.containers import Engine
 from fadenstack_agent.protocol import AgentError
@@ -58,16 +58,26 @@ def podman_driver(cluster="alpha", config=LAB_PODMAN, **kwargs):
 # ---------------------------------------------------------------- Ray through exec
 
 
-def test_ray_runs_inside_the_clusters_container_with_its_variables_by_name(monkeypatch):
+def test_ray_runs_inside_the_clusters_container_with_its_variables_by_name(monkeypatch, tmp_path):
     for name in [n for n in os.environ if n.startswith("RAY_")]:
         monkeypatch.delenv(name)
+    monkeypatch.setenv("FADEN_AGENT_SECRETS", str(tmp_path / "clusters"))  # no token on this machine
     monkeypatch.setenv("RAY_health_check_period_ms", "2000")  # the machine's own setting for Ray: passed on
     monkeypatch.setenv("RAYON_NUM_THREADS", "4")  # not Ray's
     driver = podman_driver()
     assert driver.ray_argv("start", "--head") == PODMAN + [
-        "exec", "-e", "RAY_USAGE_STATS_ENABLED", "-e", "RAY_gcs_server_request_timeout_seconds",
+        "exec", "-e", "AUTOSCALER_METRIC_PORT", "-e", "DASHBOARD_METRIC_PORT",
+        "-e", "RAY_USAGE_STATS_ENABLED", "-e", "RAY_enable_metrics_collection",
+        "-e", "RAY_gcs_server_request_timeout_seconds",
         "-e", "RAY_health_check_period_ms", "-e", "RAY_prestart_worker_first_driver", "fadenstack-alpha", "ray", "start", "--head"]
     assert driver.python_argv("-c", "print(1)")[-5:] == ["fadenstack-alpha", "python3", "-I", "-c", "print(1)"]
+    # Once the cluster's token is on the machine, Ray's token mode and the file's path (never the token).
+    from fadenstack_agent import clustersecrets
+    clustersecrets.write_secrets("alpha", {"ray-token": b"x" * 32})
+    for argv in (driver.ray_argv("status"), driver.python_argv("-c", "print(1)")):
+        assert argv[argv.index("fadenstack-alpha") - 4:argv.index("fadenstack-alpha")] == [
+            "-e", "RAY_AUTH_MODE=token", "-e", "RAY_AUTH_TOKEN_PATH=/etc/fadenstack/cluster/ray-token"]
+        assert "x" * 32 not in " ".join(argv)
 
 
 def test_ray_start_in_a_container_uses_the_containers_temp_dir_and_the_images_executables():
@@ -104,7 +114,9 @@ def test_docker_execs_the_same_way_without_global_options():
     ("amd", False, "docker", ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video"]),
 ])
 def test_start_removes_what_other_clusters_left_then_runs_the_container(monkeypatch, vendor, cdi, engine_name,
-                                                                         devices):
+                                                                         devices, tmp_path):
+    monkeypatch.setenv("FADEN_AGENT_SECRETS", str(tmp_path / "clusters"))
+    store = str(tmp_path / "store")
     ps = [{"Names": ["fadenstack-old"], "Labels": {"fadenstack.cluster": "old"}},
           {"Names": ["fadenstack-alpha"], "Labels": {"fadenstack.cluster": "alpha"}},
           {"Names": ["someone-else"], "Labels": {"fadenstack.cluster": "x"}}]
@@ -118,7 +130,7 @@ def test_start_removes_what_other_clusters_left_then_runs_the_container(monkeypa
     monkeypatch.setattr(engines, "START_SETTLE", 0.0)
     config = dict(LAB_PODMAN, machine_name="m1")
     driver = engines.ContainerDriver.from_config(engine_name, config, "alpha")
-    started = driver.start("localhost/rt:2", "/srv/store", {}, config, Out())
+    started = driver.start("localhost/rt:2", store, {}, config, Out())
     assert started == {"container": "fadenstack-alpha", "removed": ["fadenstack-old"]}
     prefix = PODMAN if engine_name == "podman" else ["docker"]
     assert recorder.calls[0][len(prefix):] == ["ps", "-a", "--filter", "label=fadenstack.machine=m1", "--format",
@@ -130,31 +142,36 @@ def test_start_removes_what_other_clusters_left_then_runs_the_container(monkeypa
     assert run == prefix + [
         "run", "--detach", "--name", "fadenstack-alpha", "--restart", "no", "--network", "host", "--ipc", "host",
         "--label", "fadenstack.cluster=alpha", "--label", "fadenstack.machine=m1",
-        "-v", "/srv/store:/var/lib/fadenstack"] + ulimits + devices + ["localhost/rt:2"] + engines.KEEP_ALIVE
+        "--cap-drop", "all", "--security-opt", "no-new-privileges"] + containers.store_mounts(store) + [
+        "-v", str(tmp_path / "clusters" / "alpha") + ":/etc/fadenstack/cluster:ro"] + ulimits + devices + [
+        "localhost/rt:2"] + engines.KEEP_ALIVE
+    # What Ray and the engines write is there before the engine mounts it; the secrets directory is 0700.
+    assert all(os.path.isdir(os.path.join(store, sub)) for sub in containers.WRITABLE)
+    assert os.stat(str(tmp_path / "clusters" / "alpha")).st_mode & 0o777 == 0o700
     assert recorder.subcommands()[4:] == ["inspect"]
 
 
-def test_a_container_that_stops_at_once_is_refused_with_its_log(monkeypatch):
+def test_a_container_that_stops_at_once_is_refused_with_its_log(monkeypatch, tmp_path):
     recorder = Recorder({"ps": (0, "[]", ""), "inspect": (0, EXITED, ""),
                          "logs": (0, "loading the engine\n", "CUDA driver not found\n")})
     monkeypatch.setattr(engines, "run_engine", recorder)
     driver = podman_driver(config=dict(LAB_PODMAN, podman=dict(LAB_PODMAN["podman"], gpus="none")))
     with pytest.raises(AgentError) as caught:
-        driver.start("localhost/rt:2", "/srv/store", {"command": ["/opt/engine"]}, {}, Out())
+        driver.start("localhost/rt:2", str(tmp_path), {"command": ["/opt/engine"]}, {}, Out())
     assert caught.value.kind == "not_retryable"
     assert caught.value.message == ("The runtime container fadenstack-alpha stopped right after it started (exit "
                                     "status 3); its last lines: loading the engine | CUDA driver not found")
     assert recorder.calls[recorder.subcommands().index("run")][-1] == "/opt/engine"
 
 
-def test_a_run_the_engine_refuses_is_told_in_its_words(monkeypatch):
+def test_a_run_the_engine_refuses_is_told_in_its_words(monkeypatch, tmp_path):
     recorder = Recorder({"ps": (0, "[]", ""), "run": (126, "", "Error: setrlimit `RLIMIT_NOFILE`: Operation "
                                                                 "not permitted"),
                          "logs": (1, "", "Error: no such container")})
     monkeypatch.setattr(engines, "run_engine", recorder)
     with pytest.raises(AgentError) as caught:
         podman_driver(config=dict(LAB_PODMAN, podman=dict(LAB_PODMAN["podman"], gpus="none"))).start(
-            "localhost/rt:2", "/srv/store", {}, {}, Out())
+            "localhost/rt:2", str(tmp_path), {}, {}, Out())
     assert caught.value.message == ("podman could not start the runtime container fadenstack-alpha: Error: "
                                     "setrlimit `RLIMIT_NOFILE`: Operation not permitted")
 

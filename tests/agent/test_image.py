@@ -400,3 +400,27 @@ def test_remove_frees_the_runtime_images_but_the_one_the_runtime_runs_and_never_
     assert os.path.exists(b.blob(model["digest"]))  # the model's file is not an image: it stays
     code, events = b.run(["image", "remove"])
     assert code == 0 and result_of(events)["removed"] == []  # nothing left to free
+
+
+def test_a_token_sent_on_stdin_is_kept_0600_in_the_home_and_required_a_new_one_without_a_restart(machines, image):
+    a = machines("a")
+    a.hold(image)
+    path = "/images/" + image["digest"]
+    token = "cluster-files-" + "t0k3n" * 5
+    code, events = a.run(["image", "serve", "start", "--bind", "127.0.0.1", "--port", "0", "--token-stdin"],
+                         stdin={"token": token})
+    assert code == 0, events
+    a.port, pid = events[-1]["port"], events[-1]["pid"]
+    kept = os.path.join(a.home, "imageserve.token")
+    assert open(kept).read().strip() == token and os.stat(kept).st_mode & 0o077 == 0
+    assert _request(a.port, path, "HEAD")[0] == 401
+    assert _request(a.port, path, "HEAD", {"Authorization": "Bearer " + token})[0] == 200
+    code, events = a.run(["image", "serve", "start", "--bind", "127.0.0.1", "--port", "0", "--token-stdin"],
+                         stdin={"token": token + "-2"})
+    assert code == 0 and events[-1]["pid"] == pid and events[-1]["restarted"] is False   # read per request
+    assert _request(a.port, path, "HEAD", {"Authorization": "Bearer " + token})[0] == 401
+    assert _request(a.port, path, "HEAD", {"Authorization": "Bearer " + token + "-2"})[0] == 200
+    code, events = a.run(["image", "serve", "start", "--bind", "127.0.0.1", "--port", "0", "--token-stdin"],
+                         stdin={"token": "short"})
+    assert code != 0 and events[-1]["kind"] == "bad_input"
+    a.run(["image", "serve", "stop"])

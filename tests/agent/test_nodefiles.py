@@ -91,7 +91,7 @@ def spec(addresses=("198.18.1.10", "198.18.1.11"), host_keys=True, **changes) ->
         "hosts": "# fadenstack cluster nodes: begin\n" + "".join(f"{n['address']} {n['name']}\n" for n in nodes)
                  + "# fadenstack cluster nodes: end\n",
         "ssh": {"private_key": NODE_PRIVATE, "public_key": NODE_PUBLIC, "allow_from": "198.18.1.0/24", "nodes": nodes},
-        "sshd": {"dropin": DROPIN, "ca_public_key": CA_PUBLIC, "principals": "fadenstack-machine-3\nfadenstack-cluster-1\n"},
+        "sshd": {"dropin": DROPIN, "ca_public_key": CA_PUBLIC, "principals": "fadenstack-cluster-1\nfadenstack-cluster-1-machine-3\n"},
     }
     for key, value in changes.items():
         part, _, sub = key.partition("__")
@@ -164,7 +164,7 @@ def test_write_puts_every_file_with_its_content_and_mode(node):
     assert "set -a; . /etc/fadenstack/cluster.env; set +a" in node.file("/etc/profile.d/fadenstack-cluster.sh").read_text()
     assert node.file("/root/.ssh/fadenstack_cluster").read_text() == NODE_PRIVATE
     assert node.file("/etc/fadenstack/ssh/ca.pub").read_text() == CA_PUBLIC + "\n"
-    assert node.file("/etc/fadenstack/ssh/principals/root").read_text() == "fadenstack-machine-3\nfadenstack-cluster-1\n"
+    assert node.file("/etc/fadenstack/ssh/principals/root").read_text() == "fadenstack-cluster-1\nfadenstack-cluster-1-machine-3\n"
     assert node.file("/etc/ssh/sshd_config.d/fadenstack-ca.conf").read_text() == DROPIN
     modes = {path: os.stat(node.file(path)).st_mode & 0o777 for path in (
         "/etc/fadenstack/hostfile", "/etc/fadenstack/cluster.env", "/etc/profile.d/fadenstack-cluster.sh",
@@ -446,3 +446,67 @@ def test_the_spec_shape_in_the_docs_is_the_one_the_agent_reads():
     for key in ("hostfile", "cluster_env", "hosts", "private_key", "public_key", "allow_from", "host_keys", "dropin",
                 "ca_public_key", "principals"):
         assert f'"{key}"' in section, key
+
+
+# -- the cluster's key revocation list ------------------------------------------------------------------------
+
+REVOKED_DROPIN = DROPIN + "RevokedKeys /etc/fadenstack/ssh/revoked.krl\n"
+EMPTY_KRL = b"SSHKRL\n\0" + (1).to_bytes(4, "big") + (1).to_bytes(8, "big") + (0).to_bytes(8, "big") * 2 + bytes(8)
+
+
+def krl_with(serial: int) -> bytes:
+    """A KRL revoking one serial of CA_PUBLIC's, as machines/ssh_krl.py makes it."""
+    import base64
+    import struct
+
+    string = lambda data: struct.pack(">I", len(data)) + data  # noqa: E731
+    blob = base64.b64decode(CA_PUBLIC.split()[1])
+    body = string(blob) + string(b"") + bytes([0x20]) + string(struct.pack(">Q", serial))
+    return EMPTY_KRL[:12] + (2).to_bytes(8, "big") + EMPTY_KRL[20:] + bytes([1]) + string(body)
+
+
+def revocations(node, data: bytes, cluster: str = "gpu-room"):
+    proc = subprocess.run([PYTHON, "-m", "fadenstack_agent", "node", "revocations", "write", "--cluster", cluster],
+                          input=data, capture_output=True, env=node.env, timeout=60)
+    events = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert events and "Traceback" not in proc.stderr.decode(), proc
+    return proc.returncode, events[-1]
+
+
+def test_the_revocation_list_comes_with_the_node_settings_before_the_dropin_names_it(node):
+    import base64
+
+    node.write(spec(sshd__dropin=REVOKED_DROPIN, sshd__revoked_keys=base64.b64encode(EMPTY_KRL).decode()))
+
+    assert node.file("/etc/fadenstack/ssh/revoked.krl").read_bytes() == EMPTY_KRL
+    assert os.stat(node.file("/etc/fadenstack/ssh/revoked.krl")).st_mode & 0o777 == 0o644
+    assert "RevokedKeys /etc/fadenstack/ssh/revoked.krl" in node.file("/etc/ssh/sshd_config.d/fadenstack-ca.conf").read_text()
+    # A drop-in naming RevokedKeys without a list to write is refused: sshd would refuse every public key.
+    code, last = node.run("write", spec(sshd__dropin=REVOKED_DROPIN))
+    assert code == 2 and "RevokedKeys" in last["message"]
+    code, last = node.run("write", spec(sshd__dropin=REVOKED_DROPIN, sshd__revoked_keys=base64.b64encode(b"not a krl").decode()))
+    assert code == 2 and "key revocation list" in last["message"]
+    # Remove takes it away with the rest.
+    node.run("remove")
+    assert not node.file("/etc/fadenstack/ssh/revoked.krl").exists()
+
+
+def test_revocations_write_replaces_the_list_of_the_clusters_node_only(node):
+    import base64
+
+    code, last = revocations(node, krl_with(7))
+    assert code == 1 and last["kind"] == "not_retryable" and "node settings of no cluster" in last["message"]
+    node.write(spec(sshd__dropin=REVOKED_DROPIN, sshd__revoked_keys=base64.b64encode(EMPTY_KRL).decode()))
+    reloads = node.sshd_runs("-t")
+
+    code, last = revocations(node, krl_with(7))
+
+    assert code == 0 and last["changed"] is True and last["path"] == "/etc/fadenstack/ssh/revoked.krl"
+    assert node.file("/etc/fadenstack/ssh/revoked.krl").read_bytes() == krl_with(7)
+    assert node.sshd_runs("-t") == reloads  # sshd reads the list at every login: nothing to check or reload
+    assert revocations(node, krl_with(7))[1]["changed"] is False
+    code, last = revocations(node, krl_with(8), cluster="other-room")
+    assert code == 1 and "node settings of gpu-room, not of other-room" in last["message"]
+    code, last = revocations(node, b"SSHKRL but not one")
+    assert code == 2 and last["kind"] == "bad_input"
+    assert node.file("/etc/fadenstack/ssh/revoked.krl").read_bytes() == krl_with(7)

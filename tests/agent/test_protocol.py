@@ -93,10 +93,16 @@ CONSOLE_CALLS = [
     ["node", "files", "write"],
     ["node", "files", "remove"],
     ["shared", "status"],
-    ["shared", "export", "--method", "sshfs", "--allow-from", "198.18.1.0/24"],
+    ["shared", "export", "--method", "sshfs", "--members", "198.18.1.12,198.18.1.13"],
     ["shared", "mount", "--head", "198.18.1.11", "--method", "nfs"],
     ["shared", "unmount"],
     ["allreduce", "run"],
+    ["cluster", "secrets", "write", "--cluster", "alpha"],
+    ["cluster", "secrets", "remove", "--cluster", "alpha"],
+    ["firewall", "write", "--cluster", "gpu-room"],
+    ["firewall", "remove", "--cluster", "gpu-room"],
+    ["firewall", "status", "--cluster", "gpu-room"],
+    ["node", "revocations", "write", "--cluster", "gpu-room"],
 ]
 
 

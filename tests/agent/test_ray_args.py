@@ -61,7 +61,11 @@ def test_head_argv_is_the_designs_ray_start_plus_the_drivers_arguments():
     assert argv == [
         "/venv/bin/ray", "start", "--head", "--node-ip-address=198.18.1.11", "--port=6379",
         "--include-dashboard=true", "--dashboard-host=127.0.0.1", "--dashboard-port=8265",
+        "--ray-client-server-port=10001",
         "--num-gpus=8", '--resources={"h100":8}',
+        "--node-manager-port=6380", "--object-manager-port=6381", "--dashboard-agent-grpc-port=6382",
+        "--dashboard-agent-listen-port=6383", "--metrics-export-port=6384", "--runtime-env-agent-port=6385",
+        "--min-worker-port=10002", "--max-worker-port=10199",
         "--object-store-memory=100000000", "--temp-dir=/var/lib/fadenstack/ray", "--disable-usage-stats",
         "--num-cpus=1", "--log-style=record", "--log-color=false"]
 
@@ -72,16 +76,23 @@ def test_join_argv_has_no_head_only_flags_and_no_resources_when_none_given():
     assert argv[:4] == ["/venv/bin/ray", "start", "--address=198.18.1.11:6379",
                         "--node-ip-address=198.18.1.12"]
     assert "--num-gpus=4" in argv and "--num-cpus=2" in argv
-    assert not [a for a in argv if a.startswith(("--head", "--port", "--include-dashboard", "--dashboard", "--resources"))]
+    assert not [a for a in argv if a.startswith(("--head", "--port", "--include-dashboard", "--dashboard-host",
+                                                  "--dashboard-port", "--resources", "--ray-client"))]
+    # Every node's own ports pinned, as on the head (the firewall names them).
+    assert rayargs.port_args() == [a for a in argv if a in rayargs.port_args()]
 
 
-def test_the_heads_dashboard_is_asked_for_on_loopback_only_and_no_ray_client_flag_is_given():
+def test_the_heads_dashboard_is_asked_for_on_loopback_only_and_the_ray_client_port_is_pinned():
     argv = rayargs.head_start_argv(driver(), "198.18.1.11", 6379, 0, {}, "/var/lib/fadenstack/ray")
-    dashboard = [a for a in argv if a.startswith(("--include-dashboard", "--dashboard-"))]
+    dashboard = [a for a in argv if a.startswith(("--include-dashboard", "--dashboard-host", "--dashboard-port"))]
     # Asked for outright: a Ray without ray[default] fails its start instead of running without it.
     assert dashboard == ["--include-dashboard=true", "--dashboard-host=127.0.0.1", "--dashboard-port=8265"]
-    # A plain ray refuses --ray-client-server-port ("Ray Client requires pip package ray[client]").
-    assert not [a for a in argv if a.startswith("--ray-client")]
+    # ray[default] (which the image needs for the dashboard) carries the Ray Client's packages.
+    assert "--ray-client-server-port=10001" in argv
+
+
+def test_ray_runs_without_its_metrics_exporter_which_listens_on_every_address():
+    assert rayargs.ray_env({})["RAY_enable_metrics_collection"] == "0"
 
 
 def test_status_argv_runs_the_script_isolated_with_its_arguments():
@@ -117,7 +128,9 @@ def test_status_script_reports_an_import_failure_as_a_marked_line(tmp_path):
 def test_ray_environment_drops_proxies_and_ray_address_and_disables_usage_stats():
     env = rayargs.ray_env({"PATH": "/bin", "http_proxy": "http://p:3128", "HTTPS_PROXY": "x", "NO_PROXY": "y",
                           "all_proxy": "z", "RAY_ADDRESS": "auto", "RAY_USAGE_STATS_ENABLED": "1"})
-    assert env == {"PATH": "/bin", "RAY_USAGE_STATS_ENABLED": "0", "RAY_prestart_worker_first_driver": "0"}
+    assert env == {"PATH": "/bin", "RAY_USAGE_STATS_ENABLED": "0", "RAY_prestart_worker_first_driver": "0",
+                   "RAY_enable_metrics_collection": "0", "DASHBOARD_METRIC_PORT": "6386",
+                   "AUTOSCALER_METRIC_PORT": "6387"}
 
 
 # ---------------------------------------------------------------- arguments
@@ -454,7 +467,7 @@ def test_ray_commands_need_the_runtime_started(machine, capsys):
 
 def test_ray_command_line_refusals_are_bad_input(machine, capsys):
     code, final, _ = run_cli(capsys, "ray")
-    assert code == 2 and "ray needs an action (known: start-head, join, status, stop, reach)" in final["message"]
+    assert code == 2 and "ray needs an action (known: start-head, join, status, stop, reach, drain)" in final["message"]
     code, final, _ = run_cli(capsys, "ray", "start-head", "--num-gpus", "8")
     assert code == 2 and "--address" in final["message"]
     code, final, _ = run_cli(capsys, "ray", "start-head", "--address", "127.0.0.1", "--num-gpus", "8",
@@ -510,3 +523,11 @@ def test_start_head_on_a_taken_port_is_address_in_use_before_ray_runs(machine, c
     assert final["message"].startswith("Address already in use (port %d on 127.0.0.1)" % port)
     assert not os.path.exists(os.path.join(machine["store"], "runtime", "ray-start.log"))
     shutil.rmtree(machine["store"])
+
+
+def test_ray_drain_refuses_what_is_not_a_ray_node_id_before_asking_anything(machine, capsys):
+    code, final, _ = run_cli(capsys, "ray", "drain", "--head", "198.18.1.11:6379", "--node-id", "lab-b; reboot",
+                             "--reason", "maintenance", "--store", machine["store"])
+    assert final["kind"] == "bad_input" and "is not a Ray node id" in final["message"]
+    script = rayargs.DRAIN_SCRIPT
+    assert "DRAIN_NODE_REASON_PREEMPTION" in script and rayargs.DRAIN_MARK.strip() in script

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from fadenstack_agent.shared import exports_text
 from fadenstack_agent.sharedmounts import mount_at
 from tests.agent.imagehelpers import AGENT_DIR, PYTHON
 from tests.processes import free_port
@@ -43,7 +44,8 @@ elif name in ("sshfs", "mount"):
         source, point, fstype = args[0], args[1], "fuse.sshfs"
     else:
         source, point, fstype = args[-2], args[-1], "nfs4"
-    open(info, "a").write("300 29 0:77 / %s rw,relatime - %s %s rw\n" % (point, fstype, source))
+    flags = "rw,nosuid,nodev,relatime" if "nosuid" in ",".join(args) and "nodev" in ",".join(args) else "rw,relatime"
+    open(info, "a").write("300 29 0:77 / %s %s - %s %s rw\n" % (point, flags, fstype, source))
 '''
 PROGRAMS = ("mount", "umount", "sshfs", "fusermount3", "exportfs", "mount.nfs")
 HOSTFILE = "198.18.1.10 slots=2\n198.18.1.11 slots=2\n"
@@ -100,13 +102,24 @@ def machine(tmp_path):
     return Machine(tmp_path)
 
 
+def test_the_export_names_each_member_address_on_a_line_of_its_own_with_root_squash():
+    text = exports_text(["198.18.1.12", "198.18.1.13", "fd00::12"]).decode()
+
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    assert lines == ["/shared 198.18.1.12(rw,sync,no_subtree_check,root_squash)",
+                     "/shared 198.18.1.13(rw,sync,no_subtree_check,root_squash)",
+                     "/shared fd00::12(rw,sync,no_subtree_check,root_squash)"]
+    assert "no_root_squash" not in text and "*" not in text and "/24" not in text
+
+
 def test_mountinfo_gives_the_topmost_mount_on_the_path_with_its_escapes_read():
     text = ("22 1 8:1 / / rw - ext4 /dev/sda1 rw\n"
             "40 22 8:1 /srv/shared /shared rw shared:5 - ext4 /dev/sda1 rw\n"
             "45 40 0:40 / /shared rw,nosuid,nodev - fuse.sshfs root@198.18.1.10:/shared rw,user_id=0\n"
             "46 22 0:41 / /my\\040files rw - nfs4 10.0.0.2:/a\\040b rw\n")
-    assert mount_at(text, "/shared") == {"fstype": "fuse.sshfs", "source": "root@198.18.1.10:/shared"}
-    assert mount_at(text, "/my files") == {"fstype": "nfs4", "source": "10.0.0.2:/a b"}
+    assert mount_at(text, "/shared") == {"fstype": "fuse.sshfs", "source": "root@198.18.1.10:/shared",
+                                         "options": ["rw", "nosuid", "nodev"]}
+    assert mount_at(text, "/my files") == {"fstype": "nfs4", "source": "10.0.0.2:/a b", "options": ["rw"]}
     assert mount_at(text, "/nowhere") is None
 
 
@@ -150,29 +163,36 @@ def test_export_with_sshfs_makes_shared_1777_and_copies_the_hostfile_exporting_n
     assert again["changed"] is False and again["created"] is False
 
 
-def test_export_with_nfs_exports_to_the_cluster_subnet_only_and_once(machine):
-    result = machine.ok("export", "--method", "nfs", "--allow-from", "198.18.1.0/24")
+def test_export_with_nfs_exports_to_each_member_address_with_root_squash_and_once(machine):
+    result = machine.ok("export", "--method", "nfs", "--members", "198.18.1.11,198.18.1.12")
 
     assert result["exported"] is True
-    assert machine.file("/etc/exports.d/fadenstack.exports").read_text().splitlines()[-1] == \
-        "/shared 198.18.1.0/24(rw,sync,no_subtree_check,no_root_squash)"
+    assert machine.file("/etc/exports.d/fadenstack.exports").read_text().splitlines()[1:] == [
+        "/shared 198.18.1.11(rw,sync,no_subtree_check,root_squash)",
+        "/shared 198.18.1.12(rw,sync,no_subtree_check,root_squash)"]
     assert machine.programs_run() == [["exportfs", "-ra"]]
-    assert machine.ok("export", "--method", "nfs", "--allow-from", "198.18.1.0/24")["changed"] is False
+    assert machine.ok("export", "--method", "nfs", "--members", "198.18.1.11,198.18.1.12")["changed"] is False
     assert machine.programs_run() == [["exportfs", "-ra"]]
+    # A member leaves: the export is written without it, and exportfs runs again at once.
+    assert machine.ok("export", "--method", "nfs", "--members", "198.18.1.11")["changed"] is True
+    assert "198.18.1.12" not in machine.file("/etc/exports.d/fadenstack.exports").read_text()
+    assert machine.programs_run() == [["exportfs", "-ra"]] * 2
     # Switching to sshfs takes the export away again.
     machine.ok("export", "--method", "sshfs")
     assert not machine.file("/etc/exports.d/fadenstack.exports").exists()
-    assert machine.programs_run() == [["exportfs", "-ra"], ["exportfs", "-ra"]]
+    assert machine.programs_run() == [["exportfs", "-ra"]] * 3
 
 
-def test_export_with_nfs_needs_the_subnet_and_says_so(machine):
-    code, events = machine.run("export", "--method", "nfs")
+@pytest.mark.parametrize("members", ["198.18.1.0/24", "*", "198.18.1.*", "node-1", "198.18.1.11,@nodes", ""])
+def test_export_with_nfs_takes_addresses_only_never_a_subnet_or_wildcard(machine, members):
+    code, events = machine.run("export", "--method", "nfs", *(["--members", members] if members else []))
 
-    assert code == 2 and events[-1]["kind"] == "bad_input" and "--allow-from must be the cluster's subnet" in events[-1]["message"]
+    assert code == 2 and events[-1]["kind"] == "bad_input" and "--members must be the other members' IP addresses" in events[-1]["message"]
+    assert not machine.file("/etc/exports.d/fadenstack.exports").exists()
 
 
 def test_a_refused_export_quotes_exportfs(machine):
-    code, events = machine.run("export", "--method", "nfs", "--allow-from", "198.18.1.0/24",
+    code, events = machine.run("export", "--method", "nfs", "--members", "198.18.1.11",
                                FAKE_FAIL_EXPORTFS="exportfs: /shared does not support NFS export")
 
     assert code == 1 and events[-1]["kind"] == "not_retryable"
@@ -188,7 +208,7 @@ def test_mount_with_sshfs_runs_sshfs_with_options_that_survive(machine):
     point = str(machine.file("/shared"))
     assert run[:4] == ["sshfs", "root@198.18.1.10:/shared", point, "-o"]
     assert run[4].split(",") == ["reconnect", "ServerAliveInterval=15", "ServerAliveCountMax=3", "BatchMode=yes",
-                                 "ConnectTimeout=10", "allow_other", "default_permissions"]
+                                 "ConnectTimeout=10", "allow_other", "default_permissions", "nosuid", "nodev"]
     # A pretend machine's root SSH settings are under its root; on a real one ssh reads root's own.
     assert run[5:] == ["-F", str(machine.file("/root/.ssh/config"))]
     assert machine.ok("status")["method"] == "sshfs" and machine.ok("status")["role"] == "node"
@@ -197,7 +217,7 @@ def test_mount_with_sshfs_runs_sshfs_with_options_that_survive(machine):
 def test_mount_with_nfs_runs_mount_t_nfs(machine):
     machine.ok("mount", "--head", "198.18.1.10", "--method", "nfs")
 
-    assert machine.programs_run() == [["mount", "-t", "nfs", "-o", "rw,hard,noatime", "198.18.1.10:/shared",
+    assert machine.programs_run() == [["mount", "-t", "nfs", "-o", "rw,hard,noatime,nosuid,nodev", "198.18.1.10:/shared",
                                        str(machine.file("/shared"))]]
     status = machine.ok("status")
     assert (status["method"], status["source"], status["alive"]) == ("nfs", "198.18.1.10:/shared", True)
@@ -210,6 +230,18 @@ def test_a_live_mount_of_the_same_source_changes_nothing(machine):
 
     assert again["already"] is True and again["changed"] is False
     assert len(machine.programs_run()) == 1
+
+
+def test_a_mount_of_ours_without_nosuid_nodev_is_mounted_again_with_them(machine):
+    machine.ok("mount", "--head", "198.18.1.10", "--method", "sshfs")
+    info = machine.proc / "self" / "mountinfo"
+    info.write_text(info.read_text().replace("rw,nosuid,nodev,relatime", "rw,relatime"))  # as an older agent mounted it
+
+    again = machine.ok("mount", "--head", "198.18.1.10", "--method", "sshfs")
+
+    assert again["remounted"] is True and again["changed"] is True
+    assert [run[0] for run in machine.programs_run()] == ["sshfs", "fusermount3", "sshfs"]
+    assert "rw,nosuid,nodev" in machine.mounts()
 
 
 def test_a_mount_of_ours_from_another_head_is_replaced(machine):
@@ -271,7 +303,7 @@ def test_unmount_takes_our_mount_away_and_a_busy_one_lazily(machine):
 
 
 def test_unmount_on_the_head_takes_the_export_away_and_keeps_the_files(machine):
-    machine.ok("export", "--method", "nfs", "--allow-from", "198.18.1.0/24")
+    machine.ok("export", "--method", "nfs", "--members", "198.18.1.11")
     machine.file("/shared/checkpoint.pt").write_text("weights")
 
     result = machine.ok("unmount")
@@ -283,7 +315,7 @@ def test_unmount_on_the_head_takes_the_export_away_and_keeps_the_files(machine):
 
 
 def test_clear_empties_a_former_heads_shared_once_its_cluster_let_go_and_keeps_the_directory(machine):
-    machine.ok("export", "--method", "nfs", "--allow-from", "198.18.1.0/24")
+    machine.ok("export", "--method", "nfs", "--members", "198.18.1.11")
     (machine.file("/shared/runs")).mkdir()
     machine.file("/shared/runs/checkpoint.pt").write_text("weights")
 

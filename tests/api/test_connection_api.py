@@ -153,7 +153,7 @@ def test_an_administrator_gets_a_certificate_for_every_node_of_the_cluster(api_c
 def test_a_certificate_for_one_node_names_that_machine_alone(api_client, room, node):
     body = certify(api_client, room, public_key=ed25519_line(), node=node).json()
 
-    assert body["principals"] == [f"fadenstack-machine-{machine_id('gpu-b')}"]
+    assert body["principals"] == [f"fadenstack-cluster-{room.pk}-machine-{machine_id('gpu-b')}"]
     assert [(n["name"], n["machine"], n["ssh_address"], n["ssh_port"], n["ssh_user"]) for n in body["nodes"]] == [
         ("node-1", "gpu-b", "198.18.0.12", 22, "root")]
     assert "node node-1 (gpu-b) of gpu-room" in body["message"]

@@ -103,6 +103,13 @@ def wizard_creates(page, pair) -> Cluster:
     expect(page.locator("#cluster-header .badge")).to_have_text("Running", timeout=180000)
     expect(page.locator("#cluster-status")).to_contain_text("16")
     expect(page.locator("#cluster-members .image-percent").first).to_have_text("100%")
+    # A new cluster starts encrypted: the encryption card reads so on both lines, with its certificates' expiry.
+    card = page.locator("#cluster-encryption")
+    expect(card).to_contain_text("Ray token on")
+    expect(card).to_contain_text("TLS on")
+    expect(card).to_contain_text("Mutual TLS on")
+    expect(card).to_contain_text("Valid until")
+    expect(card).not_to_contain_text("not encrypted")
     assert all(ray_runs_on(machine) for machine in pair)
     return Cluster.objects.get(name="gpu-room")
 
@@ -174,6 +181,7 @@ def deploy_scale_and_delete_a_model(page, gpu_room) -> None:
     page.click("#deployment-scale button:text-is('Scale')")
     expect(copies.locator("tbody tr")).to_have_count(2)
     expect(copies.locator(".badge:text-is('Serving')")).to_have_count(2, timeout=LIVE)
+    drain_a_serving_machine_and_stop_the_drain(page, gpu_room)
 
     page.goto(f"/clusters/{gpu_room.pk}/")
     expect(page.locator("#cluster-models")).to_contain_text("2 of 2 serving")
@@ -183,6 +191,28 @@ def deploy_scale_and_delete_a_model(page, gpu_room) -> None:
     expect(page.locator("#deployment-header")).to_contain_text("This deployment was deleted", timeout=LIVE)
     page.goto(f"/clusters/{gpu_room.pk}/")
     expect(page.locator("#cluster-models")).to_contain_text("No models are deployed on this cluster yet.")
+
+
+def drain_a_serving_machine_and_stop_the_drain(page, gpu_room) -> None:
+    """Select the worker that serves a copy, read its drain plan (the copy moves to the head, which holds the
+    model's files), Drain: its state comes live to the cluster's page (Drained), the copies keep serving;
+    Stop drain takes the machine out of Ray and back in, and the drain's state goes."""
+    members = gpu_room.members.select_related("machine")
+    head, worker = (next(m.machine for m in members if (m.role == "head") == lead) for lead in (True, False))
+    page.goto(f"/clusters/{gpu_room.pk}/?machine={worker.pk}")
+    page.locator(f"#machine-panel-{worker.pk}").get_by_role("link", name="Drain", exact=True).click()
+    card = page.locator("#drain-plan")
+    expect(card).to_contain_text(re.compile(r"tiny-chat #\d"))
+    expect(card).to_contain_text(re.compile(rf"Moves to {head.name} \(GPU \d, a quarter · port 81\d\d\)"))
+    card.locator("button:text-is('Drain')").click()
+    page.wait_for_url(re.compile(rf"/clusters/{gpu_room.pk}/$"))
+    expect(member_row(page, worker.name)).to_contain_text("Drained", timeout=LIVE)
+    page.goto(f"/clusters/{gpu_room.pk}/?machine={worker.pk}")
+    page.locator(f"#machine-panel-{worker.pk}").locator("button:text-is('Stop drain')").click()
+    page.wait_for_url(re.compile(rf"/clusters/{gpu_room.pk}/$"))
+    row = member_row(page, worker.name)
+    expect(row).not_to_contain_text(re.compile("Drained|Stopping the drain"), timeout=LIVE)
+    expect(row).to_contain_text("Up", timeout=LIVE)
 
 
 def tiny_model():

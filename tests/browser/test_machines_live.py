@@ -88,7 +88,7 @@ def test_ticked_machines_wake_update_agent_and_stay_ticked_when_their_row_change
     MachineFactory(name="gpu-02")
     page.goto("/machines/")
     wait_until_live(page)
-    button = page.locator("button[data-needs-selection=machines]")
+    button = page.locator("button[data-needs-selection=machines]", has_text="Update agent")
     expect(page.locator(f"#machine-row-{old.pk}")).to_contain_text("update available")
     expect(button).to_be_disabled()
 

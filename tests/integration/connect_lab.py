@@ -117,6 +117,7 @@ def check_certificate_logins(cluster, node: connection_texts.Node, *, console_ur
     assert "Certificate fadenstack:" in logged_in.stderr
     public = key.with_name("id_ed25519.pub").read_text().split()[1]
     assert public not in on(machine, "cat /root/.ssh/authorized_keys /run/fadenstack-lab/ssh/authorized_keys 2>/dev/null; true")
+    check_taken_back(cluster, machine, key, home=home)
 
     expired = home / "expired-cert.pub"
     expired.write_text(ssh_ca.certificate_for(key.with_name("id_ed25519.pub").read_text(), principals=sshd.login_principals(cluster_id=cluster.pk),
@@ -127,6 +128,40 @@ def check_certificate_logins(cluster, node: connection_texts.Node, *, console_ur
                               f"root@{machine.address}", "true"], env={**os.environ, "HOME": str(home)},
                              capture_output=True, text=True, timeout=30)
     assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused.stderr
+
+
+def _login(machine: Machine, key: Path, certificate: Path, home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["ssh", *SSH_OPTIONS, "-i", str(key), "-o", f"CertificateFile={certificate}",
+                           "-o", f"UserKnownHostsFile={home / '.ssh' / 'known_hosts'}", "-p", str(machine.ssh_port),
+                           f"root@{machine.address}", "true"], env={**os.environ, "HOME": str(home)},
+                          capture_output=True, text=True, timeout=30)
+
+
+def check_taken_back(cluster, machine: Machine, key: Path, *, home: Path) -> float:
+    """A certificate signed for a node login is listed for the cluster; an Administrator takes it back, and the
+    node refuses it within a minute (the seconds are printed: the revocation list's way to the nodes)."""
+    from clusters import node_logins
+    from clusters.connection_info import node_login_certificate
+    from clusters.models import NodeCertificate
+    from tests.factories import UserFactory
+
+    admin = UserFactory(username="root-admin")
+    issued = node_login_certificate(user=admin, cluster=cluster, public_key=key.with_name("id_ed25519.pub").read_text()).issued
+    certificate = home / "taken-back-cert.pub"
+    certificate.write_text(issued.certificate + "\n")
+    assert NodeCertificate.objects.filter(cluster=cluster, certificate_id=issued.serial).exists()
+    assert _login(machine, key, certificate, home).returncode == 0
+    on(machine, "test -s /etc/fadenstack/ssh/revoked.krl && grep -q '^RevokedKeys' /etc/ssh/sshd_config.d/fadenstack-ca.conf")
+
+    taken = time.monotonic()
+    node_logins.node_login_revoke(cluster=cluster, serial=issued.serial, user=admin)
+    while (refused := _login(machine, key, certificate, home)).returncode == 0 and time.monotonic() - taken < 60:
+        time.sleep(0.5)
+    seconds = time.monotonic() - taken
+    assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused.stderr
+    print(f"\nA revoked node-login certificate was refused {seconds:.1f} s after it was taken back.")
+    assert seconds < 60
+    return seconds
 
 
 def check_node_to_node(cluster, nodes: list[connection_texts.Node], *, home: Path) -> None:
@@ -238,7 +273,8 @@ def check_shared_files(cluster, nodes: list[connection_texts.Node]) -> None:
         files, hostfile = seen.split("---\n", 1)
         assert files.split() == [f"from-{nodes[-1].name}", f"from-{nodes[0].name}"], node.machine
         assert hostfile == connection_texts.hostfile(nodes), node.machine
-    mounted = on(last, "findmnt -n -o FSTYPE,SOURCE /shared").splitlines()[-1].split()  # the top one (the lab binds below it)
+    mounted = on(last, "findmnt -n -o FSTYPE,SOURCE,OPTIONS /shared").splitlines()[-1].split()  # the top one (the lab binds below it)
     assert mounted[0] in ("fuse.sshfs", "nfs", "nfs4") and mounted[1].endswith(f"{nodes[0].address}:/shared"), mounted
+    assert {"nosuid", "nodev"} <= set(mounted[2].split(",")), mounted  # no set-user-id program or device file works there
     cluster.refresh_from_db()
     assert cluster.shared_files["method"] in ("sshfs", "nfs"), cluster.shared_files

@@ -51,19 +51,30 @@ def serving(count: int, name: str = "tiny"):
 class Caller(threading.Thread):
     """Calls the gateway over and over until stopped; every answer's status is kept."""
 
-    def __init__(self, console, key: str):
+    def __init__(self, console, key: str, model: str = "tiny"):
         super().__init__(daemon=True)
-        self.console, self.key, self.statuses, self.halt = console, key, [], threading.Event()
+        self.console, self.key, self.model, self.statuses, self.halt = console, key, model, [], threading.Event()
+
+    stream = False  # StreamCaller: each answer streamed, and one cut short (no final [DONE]) counts as failed
 
     def run(self):
         while not self.halt.is_set():
-            self.statuses.append(chat(self.console, self.key)[0])
+            status, body = chat(self.console, self.key, model=self.model, stream=self.stream)
+            if self.stream and status == 200 and not body.rstrip().endswith(b"data: [DONE]"):
+                status = -1  # a stream cut short
+            self.statuses.append(status)
             time.sleep(0.05)
 
     def stop(self) -> list[int]:
         self.halt.set()
         self.join(timeout=60)
         return self.statuses
+
+
+class StreamCaller(Caller):
+    """A Caller whose every answer is streamed; a stream cut short is kept as status -1."""
+
+    stream = True
 
 
 def copies_cleared(machines) -> None:

@@ -132,7 +132,7 @@ def check_nccl_test_on_nodes_of_different_gpu_counts(cluster, api_client, settin
     job_log = connect_lab.job_log(shown)
     assert "all_reduce_perf on 4 nodes from lab-a" in job_log
     for member in cluster.members.select_related("machine"):
-        left = remote_out(member.machine, "pgrep -af '[a]ll_reduce_perf|[o]rted|[m]pirun' || true")
+        left = remote_out(member.machine, "pgrep --ns $$ --nslist net -af '[a]ll_reduce_perf|[o]rted|[m]pirun' || true")  # this machine's own (the lab's share the host's pids)
         assert not left.strip(), f"{member.machine.name}: {left}"
 
 
@@ -168,6 +168,10 @@ def test_a_port_taken_waits_for_try_again_which_succeeds_once_it_is_freed(lab, e
 
     cluster.refresh_from_db()
     assert cluster.state == ClusterState.RUNNING, cluster.state_reason
+    # The process runtime's Ray runs with TLS too, reading its files at the machine's own paths (docs/https-and-trust.md).
+    environ = remote_out(a, f"for p in $(pgrep -x gcs_server); do tr '\\0' ' ' < /proc/$p/cmdline | grep -q '{cluster.head_address}' "
+                            f"&& tr '\\0' '\\n' < /proc/$p/environ | grep '^RAY_TLS_SERVER_CERT='; done")
+    assert environ.strip() == "RAY_TLS_SERVER_CERT=/etc/fadenstack/clusters/port/tls/node.pem"
 
 
 def test_lab_e_is_refused_in_the_wizard_and_over_the_api(enrolled, admin_client):
@@ -207,6 +211,6 @@ def test_a_machine_that_loses_power_in_the_middle_does_not_leave_the_start_stuck
     assert member.state == MemberState.FAILED
     # Its own words: cut off mid-command it "went offline", at a new command it "did not answer".
     assert member.state_reason.startswith("lab-b")
-    assert any(words in member.state_reason for words in ("went offline", "did not answer", "Could not connect"))
+    assert any(words in member.state_reason for words in ("went offline", "did not answer", "Could not connect")), member.state_reason
     assert cluster.state == ClusterState.RUNNING  # the head runs; the totals say one machine is missing
     assert cluster.members.get(machine=a).state == MemberState.JOINED

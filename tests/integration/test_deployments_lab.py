@@ -1,35 +1,44 @@
 """Deployments on the lab, with a real worker, beat and gateway, on one three-machine cluster ("serve"): the
 small lab model deployed as 2 copies of 2 GPUs and called through the gateway; the cluster stopped and
 started and the deployment serving again; the console's processes restarted while the copies keep
-answering; a copy over two machines; and a queued copy that starts by itself once another deployment's
-delete frees the room. Then a person's own job on a GPU of lab-a: its heartbeat brings it to the machine's
-page, and placement leaves its GPUs alone.
+answering; Encrypt model traffic on the cluster, started as if before model traffic was encrypted, while a
+client calls the gateway without pause; a copy over two machines (behind TLS); and a queued copy that starts by itself once another deployment's
+delete frees the room; a serving machine drained while a client calls the gateway, then its drain stopped.
+Then a person's own job on a GPU of lab-a: its heartbeat brings it to the machine's page, and placement leaves
+its GPUs alone. Last, a deployment deleted while lab-b's link is down: its copy there runs on without a
+deployment until it is found and taken over. After it, lab-b (serving) is removed from the running cluster
+while a client calls and the console's worker is killed in the middle of the drain.
 
 The machines run the lab's `process` runtime: the engines are real processes reading the model's files
 from each machine's store. The main path on the real runtime (deploy, the gateway, scale, a killed copy
 restarted) runs in Podman's containers in the cluster life module (test_cluster_life_lab.py), on the
 cluster it has running already; the agent's copies in Podman alone in tests/lab/test_copies_lab.py."""
+import http.client
 import re
+import ssl
 import time
+import urllib.error
 
 import pytest
 from django.test import Client
 
+from clusters import encryption
 from clusters.choices import ClusterState
-from clusters.models import Cluster
+from clusters.models import Cluster, ClusterMember
 from clusters.services import cluster_start, cluster_stop
-from console import roles
+from console import pki, roles
+from console.choices import JOB_TERMINAL, JobState
 from console.models import Job
 import deployments.serving
-from deployments import gateway_keys, services
-from deployments.choices import CopyState
+from deployments import copy_keys, copy_tls, drain, drain_input, gateway_keys, model_traffic, orphans, placement_input, services
+from deployments.choices import CopyState, DrainState
 from deployments.forms import ask_from
-from deployments.models import Copy, Deployment
+from deployments.models import Copy, Deployment, Drain
 from machines.agent_client import Agent
 from machines.models import Accelerator, Machine
 from tests.factories import UserFactory
 from tests.harness import INTERVALS, all_up, enrol, images_import, leave_nothing_running, running, wait_for
-from tests.integration.serve_lab import KIND, Caller, call, chat, copies_cleared, serving, tiny_model
+from tests.integration.serve_lab import KIND, Caller, StreamCaller, call, chat, copies_cleared, serving, tiny_model
 from tests.processes import console_processes
 
 pytestmark = [pytest.mark.lab]
@@ -69,6 +78,8 @@ def model(machines):
 
 def test_a_model_deployed_called_stopped_started_and_served_through_restarts(lab, console, cluster, model):
     operator = UserFactory(username="ops-lab", role=roles.OPERATOR)
+    # As a cluster started before model traffic was encrypted: its copies serve plain HTTP until Encrypt model traffic.
+    Cluster.objects.filter(pk=cluster.pk).update(model_tls=False)
     ask = ask_from({"name": "tiny", "copies": 2, "kind": KIND, "gpu_quarters": 8,
                     "memory_per_gpu_gib": 8, "context_length": 2048}, cluster=cluster, model=model)
     deployment = services.deployment_create(ask=ask, user=operator)
@@ -80,6 +91,12 @@ def test_a_model_deployed_called_stopped_started_and_served_through_restarts(lab
     status, body = chat(console, key)
     assert status == 200, body
     assert chat(console, "fs-not-a-key")[0] == 401
+    # A copy answers only the gateway: called directly, without its own key or with the client's, it refuses.
+    copy = deployment.copy_rows.first()
+    direct = f"http://{copy.address}:{copy.port}/v1/chat/completions"
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8}
+    assert call(direct, "", body)[0] == 401 and call(direct, key, body)[0] == 401
+    assert call(direct, copy_keys.copy_key_of(copy.pk, copy.api_key_sealed), body)[0] == 200
 
     # Stop keeps the deployment; Start applies it again.
     cluster_stop(cluster=Cluster.objects.get(pk=cluster.pk))
@@ -100,6 +117,43 @@ def test_a_model_deployed_called_stopped_started_and_served_through_restarts(lab
     time.sleep(2)
     statuses = caller.stop()
     assert statuses and set(statuses) == {200}, statuses
+    assert dict(Copy.objects.filter(deployment=deployment).values_list("number", "pid")) == pids
+
+    # Encrypt model traffic while a client calls the gateway without pause: the copies load again behind TLS one
+    # at a time, each replacement serving before the old one stops; no request fails.
+    caller = Caller(console, key)
+    caller.start()
+    assert model_traffic.model_traffic_encrypt(Cluster.objects.get(pk=cluster.pk), user=operator) == ["tiny"]
+    wait_for(lambda: serving(2)() and set(Copy.objects.filter(deployment=deployment).values_list("tls", flat=True)) == {True},
+             timeout=90, what="both copies replaced behind TLS")
+    time.sleep(1)  # the gateway's next refresh: it routes to the new copies only
+    statuses = caller.stop()
+    assert statuses and set(statuses) == {200}, statuses
+    assert set(Copy.objects.filter(deployment=deployment).values_list("number", flat=True)) == {3, 4}
+    # Called directly, a copy behind TLS refuses a client without a certificate of the console's authority (and
+    # plain HTTP); with the console's client certificate and the copy's own key it answers.
+    copy = deployment.copy_rows.first()
+    secure = f"https://{copy.address}:{copy.port}/v1/chat/completions"
+    own = copy_keys.copy_key_of(copy.pk, copy.api_key_sealed)
+    trusting = ssl.create_default_context(cadata=pki.ca_pem())
+    for refused in (lambda: call_tls(secure, own, body, trusting), lambda: call(f"http://{copy.address}:{copy.port}/health", own, body)):
+        with pytest.raises((ssl.SSLError, OSError, urllib.error.URLError, http.client.HTTPException)):
+            refused()
+    assert call_tls(secure, own, body, copy_tls.client_context().context)[0] == 200
+
+    # Renew certificates while a client calls: each copy takes its new certificate for new connections, without
+    # a restart, and no request fails.
+    served = served_serial(copy)
+    pids = dict(Copy.objects.filter(deployment=deployment).values_list("number", "pid"))
+    caller = Caller(console, key)
+    caller.start()
+    job = encryption.cluster_certificates_renew(cluster=Cluster.objects.get(pk=cluster.pk))
+    done = wait_for(lambda: Job.objects.filter(pk=job.pk, state__in=JOB_TERMINAL).first(), timeout=30, what="the renewal")
+    time.sleep(1)
+    statuses = caller.stop()
+    assert done.state == JobState.SUCCEEDED, (done.error, done.log)
+    assert statuses and set(statuses) == {200}, statuses
+    assert served_serial(copy) != served
     assert dict(Copy.objects.filter(deployment=deployment).values_list("number", "pid")) == pids
 
     # A copy larger than any machine (16 GPUs; the machines have 8) spans two machines through a Ray of its
@@ -135,6 +189,29 @@ def test_a_model_deployed_called_stopped_started_and_served_through_restarts(lab
             assert [s.copy for s in agent.copy_list()] == []
 
 
+def served_serial(copy: Copy) -> int:
+    """The serial number of the certificate ``copy`` presents to a new connection now."""
+    import socket
+
+    from cryptography import x509
+
+    context = copy_tls.client_context().context
+    context.check_hostname = False
+    with socket.create_connection((copy.address, copy.port), timeout=10) as raw:
+        with context.wrap_socket(raw) as connection:
+            return x509.load_der_x509_certificate(connection.getpeercert(binary_form=True)).serial_number
+
+
+def call_tls(url: str, key: str, body: dict, context: ssl.SSLContext) -> tuple[int, bytes]:
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10, context=context) as answer:
+        return answer.status, answer.read()
+
+
 def test_a_queued_copy_starts_by_itself_once_another_deployment_is_deleted(cluster, model):
     """The H100s of lab-a and lab-b are taken by "tiny-big" (2 copies of 8 GPUs): "tiny-wait" is queued for
     room. Deleting tiny-big frees them, and tiny-wait's copy starts with nothing asked of tiny-wait."""
@@ -162,6 +239,53 @@ def test_a_queued_copy_starts_by_itself_once_another_deployment_is_deleted(clust
     assert [(job.kind, job.created_by_id) for job in woken] == [(deployments.serving.KIND, None)]  # nobody asked
     services.deployment_delete(deployment=waiting, user=operator)
     wait_for(lambda: not Deployment.objects.filter(pk=waiting.pk).exists(), timeout=60, what="tiny-wait deleted")
+
+
+def test_a_serving_machine_drained_while_a_client_calls_loses_no_request_and_stop_drain_brings_it_back(console, cluster,
+                                                                                                       model):
+    """tiny-drain's 2 copies serve on lab-a (the head) and lab-b. lab-b is drained with its copy moving to lab-a
+    (which holds the model's files already) while two clients call the gateway, one streamed: the replacement serves
+    before the old copy leaves the rotation, no request fails and no stream is cut short, and lab-b reads Drained
+    with nothing on it. Stop drain takes
+    lab-b out of Ray and joins it again, and the drain's record goes."""
+    operator = UserFactory(username="ops-drain", role=roles.OPERATOR)
+    deployment = services.deployment_create(ask=ask_from(
+        {"name": "tiny-drain", "copies": 2, "kind": KIND, "gpu_quarters": 8, "memory_per_gpu_gib": 8,
+         "context_length": 2048}, cluster=cluster, model=model), user=operator)
+    wait_for(serving(2, "tiny-drain"), timeout=120, what="tiny-drain serving")
+    head = cluster.members.get(role="head").machine_id
+    old = deployment.copy_rows.exclude(machine_id=head).select_related("machine").get()
+    drained_machine = old.machine
+    _, key = gateway_keys.gateway_key_create(name="drain", user=operator)
+    wait_for(lambda: chat(console, key, model="tiny-drain")[0] == 200, timeout=5, every=0.2, what="the gateway to route")
+
+    caller, streamer = Caller(console, key, model="tiny-drain"), StreamCaller(console, key, model="tiny-drain")
+    caller.start()
+    streamer.start()
+    started = time.monotonic()
+    drain.drain_start(Cluster.objects.get(pk=cluster.pk), drained_machine,
+                      {"moves": [{"copy": old.pk, "to": head, "slots": []}], "stops": []}, user=operator)
+    row = wait_for(lambda: Drain.objects.filter(machine=drained_machine, state=DrainState.DRAINED).first(), timeout=60,
+                   what=f"{drained_machine.name} Drained")
+    seconds = time.monotonic() - started
+    time.sleep(1)
+    statuses, streamed = caller.stop(), streamer.stop()
+    job = Job.objects.get(pk=row.job_id)
+    assert statuses and set(statuses) == {200}, (statuses, job.log)
+    assert streamed and set(streamed) == {200}, (streamed, job.log)  # no stream cut short either
+    assert not Copy.objects.filter(machine=drained_machine).exists()
+    assert serving(2, "tiny-drain")() and not deployment.copy_rows.filter(pk=old.pk).exists()
+    steps_seconds = {s["name"]: s.get("seconds") for s in job.steps}
+    assert job.steps[0]["detail"] == "Ray places nothing new there", job.log  # Ray's own drain took it
+    print(f"drain: Drained after {seconds:.1f} s, {len(statuses)} requests and {len(streamed)} streams, none failed; "
+          f"steps {steps_seconds}")
+
+    drain.drain_stop(drained_machine, user=operator)
+    wait_for(lambda: not Drain.objects.filter(machine=drained_machine).exists(), timeout=90,
+             what=f"{drained_machine.name} back in Ray once the drain is stopped")
+    assert cluster.members.get(machine=drained_machine).state == "joined"
+    services.deployment_delete(deployment=deployment, user=operator)
+    wait_for(lambda: not Deployment.objects.filter(pk=deployment.pk).exists(), timeout=60, what="tiny-drain deleted")
 
 
 def test_a_gpu_a_persons_own_job_uses_shows_on_its_machine_and_no_copy_is_placed_on_it(lab, console, cluster, machines):
@@ -194,3 +318,151 @@ def test_a_gpu_a_persons_own_job_uses_shows_on_its_machine_and_no_copy_is_placed
              what="lab-a's GPUs free again once the job ended")
     services.deployment_scale(deployment=deployment, copies=0, user=operator)
     wait_for(lambda: not Copy.objects.filter(deployment=deployment).exists(), timeout=60, what="tiny scaled to 0")
+
+
+def test_a_deployment_deleted_while_a_machine_is_cut_off_runs_on_without_one_until_taken_over(lab, console, cluster, machines,
+                                                                                             model):
+    """On the module's cluster (its H100s free again): "tiny-left", 2 copies of 8 GPUs, one on lab-a and one on
+    lab-b. lab-b's management link goes down and tiny-left is deleted: lab-a's copy stops, lab-b's cannot, so
+    it runs on without a deployment, still answering at the gateway over the cluster's network. The link comes
+    back: Look for them finds it with its process, Take over keeps it as it runs (same process id), and Delete
+    it properly stops it and frees lab-b's GPUs."""
+    operator = UserFactory(username="ops-left", role=roles.OPERATOR)
+    _, key = gateway_keys.gateway_key_create(name="left", user=operator)
+    started = time.monotonic()
+    deployment = services.deployment_create(ask=ask_from(
+        {"name": "tiny-left", "copies": 2, "kind": KIND, "gpu_quarters": 32, "memory_per_gpu_gib": 8,
+         "context_length": 2048}, cluster=cluster, model=model), user=operator)
+    wait_for(serving(2, "tiny-left"), timeout=60, what="tiny-left serving on lab-a and lab-b")
+    left = Copy.objects.get(deployment=deployment, machine=machines["lab-b"])
+    lab.fault("lab-b", "link-down", "mgmt")
+    try:
+        deleted = services.deployment_delete(deployment=deployment, user=operator)
+        wait_for(lambda: Job.objects.filter(pk=deleted.job.pk, state__in=JOB_TERMINAL).exists(), timeout=30,
+                 what="the delete to give up on lab-b")
+        deployment.refresh_from_db()
+        assert deployment.orphaned and list(deployment.copy_rows.values_list("pk", flat=True)) == [left.pk]
+        assert not Deployment.objects.shown().filter(name="tiny-left").exists()
+        # Still answering at the gateway under its name (the gateway reaches it on the fabric, not the cut link).
+        wait_for(lambda: chat(console, key, model="tiny-left")[0] == 200, timeout=5, every=0.2,
+                 what="the gateway to route tiny-left to lab-b's copy")
+    finally:
+        lab.fault("lab-b", "link-up", "mgmt")
+
+    def job_done(job):
+        return wait_for(lambda: Job.objects.filter(pk=job.pk, state__in=JOB_TERMINAL).first(), timeout=30, what=job.title)
+
+    look = job_done(orphans.orphans_look_start(cluster=cluster, user=operator))
+    assert look.state == JobState.SUCCEEDED, look.error
+    [found] = orphans.orphans_of(cluster)
+    assert (found.name, found.known, [e["pid"] for e in found.engines]) == ("tiny-left", True, [left.pid])
+    kept = job_done(orphans.orphan_take_over(cluster=cluster, name="tiny-left", keep=True, user=operator))
+    assert kept.state == JobState.SUCCEEDED, kept.error
+    assert Deployment.objects.shown().filter(name="tiny-left").exists()
+    assert list(Copy.objects.filter(deployment=deployment).values_list("pid", "state")) == [(left.pid, CopyState.SERVING)]
+    with Agent.open(machines["lab-b"]) as agent:
+        assert {s.copy: s.pid for s in agent.copy_list()}[left.key] == left.pid  # the same process: not restarted
+
+    # Left again (a second delete while lab-b is cut off is not needed: the record is marked as a cut would),
+    # then deleted properly: the engine stops and lab-b's GPUs are free.
+    deployments.serving.deployment_orphan(Deployment.objects.get(pk=deployment.pk), reason="as the test left it.")
+    gone = job_done(orphans.orphan_take_over(cluster=cluster, name="tiny-left", keep=False, user=operator))
+    assert gone.state == JobState.SUCCEEDED, gone.error
+    assert not Deployment.objects.filter(name="tiny-left").exists()
+    def listed_on_lab_b() -> set[str]:
+        with Agent.open(machines["lab-b"]) as agent:
+            return {s.copy for s in agent.copy_list()}
+
+    # The engine was told to stop; its record goes once it has exited, and lab-b's heartbeat then reports its
+    # GPUs free of any process the console did not start.
+    wait_for(lambda: left.key not in listed_on_lab_b(), timeout=20, what=f"{left.key} gone from lab-b")
+    wait_for(lambda: not Accelerator.objects.filter(machine=machines["lab-b"]).exclude(foreign_pids=[]).exists(),
+             timeout=20, what="lab-b's GPUs free of the engine in its heartbeat")
+    rooms = {room.id: room for room in placement_input.cluster_rooms(Cluster.objects.get(pk=cluster.pk))}
+    assert not any(gpu.share_taken for gpu in rooms[machines["lab-b"].pk].gpus)
+    print(f"tiny-left deployed, left, found, kept and deleted in {time.monotonic() - started:.1f} s")
+
+
+def hostfile(lab, machine: Machine) -> list[str]:
+    """The addresses ``machine``'s /etc/fadenstack/hostfile lists."""
+    read = lab.ssh(machine.address, "cat /etc/fadenstack/hostfile")
+    assert read.returncode == 0, read.stderr
+    return [line.split()[0] for line in read.stdout.splitlines() if line.strip()]
+
+
+def drain_picture(deployment: Deployment) -> tuple:
+    """What a stuck drain's test says: the deployment's copies and its jobs."""
+    copies = list(Copy.objects.filter(deployment=deployment).values_list("pk", "number", "machine__name", "state", "state_reason"))
+    jobs = [(j.kind, j.state, j.resumes, j.params, j.log[-600:]) for j in
+            Job.objects.filter(target_type="deployment", target_id=deployment.pk).order_by("created_at")]
+    return copies, jobs
+
+
+def test_a_serving_machine_removed_from_the_running_cluster_while_a_client_calls_and_the_worker_is_killed(lab, console,
+                                                                                                          cluster, model):
+    """Last (lab-b leaves the module's cluster): "tiny-remove", 2 copies of 2 GPUs, serves on lab-a and lab-b
+    (the model's kind is H100: lab-c's A100s cannot serve it, so the serving machine removed is lab-b, and its
+    copy moves to lab-a). Remove from cluster with the plan read as the card reads it, while a client calls the
+    gateway; the console's worker is killed (SIGKILL) while the drain reads Moving copies and a new one
+    started. No request fails; the drain reads Leaving the cluster; lab-b leaves the record, its runtime
+    stops, it stays enrolled; the others' hostfile no longer lists it; and exactly one replacement was
+    started: no copy twice."""
+    operator = UserFactory(username="ops-remove", role=roles.OPERATOR)
+    a, b, c = (Machine.objects.get(name=name) for name in MACHINES)
+    deployment = services.deployment_create(ask=ask_from(
+        {"name": "tiny-remove", "copies": 2, "kind": KIND, "gpu_quarters": 8, "memory_per_gpu_gib": 8,
+         "context_length": 2048}, cluster=cluster, model=model), user=operator)
+    wait_for(serving(2, "tiny-remove"), timeout=120, what="tiny-remove serving")
+    assert set(deployment.copy_rows.values_list("machine_id", flat=True)) == {a.pk, b.pk}
+    old, kept = deployment.copy_rows.get(machine=b), deployment.copy_rows.get(machine=a)
+    b_address = cluster.members.get(machine=b).address
+    assert all(b_address in hostfile(lab, m) for m in (a, c))
+
+    plan = drain_input.drain_plan_for(cluster, [b.pk], remove=True)
+    assert ([(m.copy, m.to) for m in plan.moves], plan.stops) == ([(old.pk, a.pk)], [])
+    _, key = gateway_keys.gateway_key_create(name="remove", user=operator)
+    wait_for(lambda: chat(console, key, model="tiny-remove")[0] == 200, timeout=5, every=0.2, what="the gateway to route")
+
+    caller = Caller(console, key, model="tiny-remove")
+    caller.start()
+    started = time.monotonic()
+    row = drain.machine_remove(Cluster.objects.get(pk=cluster.pk), b, drain_input.plan_json(plan), user=operator)
+    job_id, seen, killed = row.job_id, {}, None
+    while ClusterMember.objects.filter(machine=b).exists() or Drain.objects.filter(machine=b).exists():
+        now = Drain.objects.filter(machine=b).first()
+        if now is not None:
+            seen.setdefault(now.state, round(time.monotonic() - started, 1))
+        if killed is None and now is not None and now.state == DrainState.MOVING and Job.objects.filter(
+                pk=job_id, params__moved__has_key=str(old.pk)).exists():
+            console.kill_worker()  # as a crash would, its replacement recorded and being started
+            killed = round(time.monotonic() - started, 1)
+            console.start_worker()
+        job = Job.objects.get(pk=job_id)
+        assert job.state not in JOB_TERMINAL or job.state == JobState.SUCCEEDED, job.log
+        assert time.monotonic() - started < 120, (seen, job.state, job.steps, job.log, drain_picture(deployment))
+        time.sleep(0.05)
+    gone = time.monotonic() - started
+    time.sleep(1)
+    statuses = caller.stop()
+    job = wait_for(lambda: Job.objects.filter(pk=job_id, state__in=JOB_TERMINAL).first(), timeout=30, what="the drain's job")
+    assert job.state == JobState.SUCCEEDED and job.resumes == 1, job.log
+    assert killed is not None and DrainState.LEAVING in seen, (seen, job.log)
+    assert statuses and set(statuses) == {200}, (statuses, job.log)
+
+    # Exactly one replacement, started once: the deployment's rows are the kept copy and it, and lab-a's agent runs both.
+    new = deployment.copy_rows.exclude(pk=kept.pk).get()
+    assert job.params["moved"] == {str(old.pk): new.pk} and new.machine_id == a.pk and new.number == 3, job.params
+    assert serving(2, "tiny-remove")()
+    with Agent.open(a) as agent:
+        assert sorted(s.copy for s in agent.copy_list()) == sorted([kept.key, new.key])
+
+    # Out of the cluster, still enrolled, its runtime stopped; the others' hostfile is written without it.
+    assert Machine.objects.filter(pk=b.pk).exists() and not ClusterMember.objects.filter(machine=b).exists()
+    with Agent.open(b) as agent:
+        assert agent.runtime_status().state != "started" and not agent.copy_list()
+    wait_for(lambda: all(b_address not in hostfile(lab, m) and len(hostfile(lab, m)) == 2 for m in (a, c)), timeout=30,
+             what="lab-a's and lab-c's hostfile written without lab-b")
+    print(f"remove: {seen} (worker killed at {killed} s), out of the cluster after {gone:.1f} s; "
+          f"{len(statuses)} requests, none failed; steps {({s['name']: s.get('seconds') for s in job.steps})}")
+    services.deployment_delete(deployment=deployment, user=operator)
+    wait_for(lambda: not Deployment.objects.filter(pk=deployment.pk).exists(), timeout=60, what="tiny-remove deleted")

@@ -96,9 +96,10 @@ def test_the_agent_sends_heartbeats_to_the_console(lab_machine, console_url, sho
 
 
 def test_machines_stay_healthy_behind_a_console_with_faden_secure(lab_machine, settings, short_heartbeats):
-    """FADEN_SECURE=true sends browsers and the API to https; the machines' own endpoints stay plain HTTP, so
-    their heartbeats still land (a console process, since the setting is read when the process starts)."""
-    with console_processes(env={"FADEN_SECURE": "true"}) as console:
+    """FADEN_SECURE=true sends browsers and the API to https, the machines' endpoints too (no exemption without
+    FADEN_AGENT_PLAIN_HTTP): the heartbeats land over the agents' TLS listener, to the certificate the agent
+    pinned (a console process, since the setting is read when the process starts)."""
+    with console_processes(env={"FADEN_SECURE": "true", "FADEN_AGENT_PLAIN_HTTP": "0"}) as console:
         settings.FADEN_CONSOLE_URL = console.env["FADEN_CONSOLE_URL"]
         machine = enrol(lab_machine, "lab-b")
         since = timezone.now()
@@ -108,6 +109,9 @@ def test_machines_stay_healthy_behind_a_console_with_faden_secure(lab_machine, s
         redirect = http.client.HTTPConnection("127.0.0.1", console.port, timeout=10)
         redirect.request("GET", "/login/")
         assert redirect.getresponse().status == 301  # a browser is sent to https
+        plain = http.client.HTTPConnection("127.0.0.1", console.port, timeout=10)
+        plain.request("POST", "/agent/heartbeat/", body=b"{}", headers={"Authorization": "Bearer x"})
+        assert plain.getresponse().status == 301  # no exemption: a heartbeat over plain HTTP goes nowhere
 
 
 def test_enrolling_twice_installs_nothing_new(lab_machine, console_url):

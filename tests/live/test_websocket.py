@@ -47,7 +47,7 @@ def test_an_anonymous_connection_is_refused():
 
     async def scenario():
         ws = socket(f"topic=machine:{machine.pk}")
-        connected, code = await ws.connect()
+        connected, code = await ws.connect(timeout=WAIT)
         await ws.disconnect()
         return connected, code
 
@@ -73,7 +73,7 @@ def test_a_connection_without_a_topic_it_knows_is_refused():
 
     async def scenario():
         ws = socket("topic=secrets", cookie=cookie)
-        connected, code = await ws.connect()
+        connected, code = await ws.connect(timeout=WAIT)
         await ws.disconnect()
         return connected, code
 
@@ -85,7 +85,7 @@ def test_a_signed_in_user_gets_the_machines_cards_on_connect_and_a_fresh_render_
 
     async def scenario():
         ws = socket(f"topic=machine:{machine.pk}", cookie=cookie)
-        connected, _ = await ws.connect()
+        connected, _ = await ws.connect(timeout=WAIT)
         assert connected
         on_connect = await ws.receive_from(timeout=WAIT)
         await in_a_transaction(
@@ -114,7 +114,7 @@ def test_nothing_is_pushed_for_a_transaction_that_rolls_back():
 
     async def scenario():
         ws = socket(f"topic=machine:{machine.pk}", cookie=cookie)
-        await ws.connect()
+        await ws.connect(timeout=WAIT)
         await ws.receive_from(timeout=WAIT)
         with pytest.raises(RuntimeError):
             await in_a_transaction(change_then_roll_back)
@@ -135,12 +135,12 @@ def test_several_pushes_of_the_same_topic_in_one_transaction_are_sent_once():
 
     async def scenario():
         ws = socket(f"topic=machine:{machine.pk}", cookie=cookie)
-        await ws.connect()
+        await ws.connect(timeout=WAIT)
         await ws.receive_from(timeout=WAIT)
         await in_a_transaction(flap)
         pushed = [await ws.receive_from(timeout=WAIT)]
         while not await ws.receive_nothing(timeout=0.5):
-            pushed.append(await ws.receive_from())
+            pushed.append(await ws.receive_from(timeout=WAIT))
         await ws.disconnect()
         return pushed
 
@@ -160,7 +160,7 @@ def test_the_machines_list_gets_a_new_row_when_a_machine_is_added(monkeypatch):
 
     async def scenario():
         ws = socket("topic=machines", cookie=cookie)
-        connected, _ = await ws.connect()
+        connected, _ = await ws.connect(timeout=WAIT)
         assert connected
         # The summary and the rows come as two messages: an HTML parser drops rows after a <div>.
         on_connect = await ws.receive_from(timeout=WAIT) + await ws.receive_from(timeout=WAIT)
@@ -183,7 +183,7 @@ def test_one_socket_follows_several_topics():
 
     async def scenario():
         ws = socket(f"topic=machines&topic=machine:{machine.pk}", cookie=cookie)
-        connected, _ = await ws.connect()
+        connected, _ = await ws.connect(timeout=WAIT)
         messages = [await ws.receive_from(timeout=WAIT) for _ in range(3)]  # summary, rows, the machine's cards
         await ws.disconnect()
         return connected, messages
@@ -212,7 +212,7 @@ def test_nothing_is_rendered_while_nobody_watches_and_a_watcher_that_connects_ge
         await goes(MachineState.OFFLINE, "No heartbeat for 31 s.")
         unwatched = len(renders)
         ws = socket(f"topic=machine:{machine.pk}", cookie=cookie)
-        await ws.connect()
+        await ws.connect(timeout=WAIT)
         on_connect = await ws.receive_from(timeout=WAIT)
         await goes(MachineState.HEALTHY)
         pushed = await ws.receive_from(timeout=WAIT)

@@ -60,6 +60,9 @@ AGENT = ["/usr/bin/python3", "/opt/fadenstack/agent/a.pyz"]
     # No runtime in use: the agent is left to pick, and says there is none.
     (lambda a: a.image_load("ab" * 32, driver=""), ["image", "load", "--digest", "ab" * 32]),
     (lambda a: a.serve_start(bind="198.18.1.11", port=7470), ["blob", "serve", "start", "--bind", "198.18.1.11", "--port", "7470"]),
+    # The cluster's file-server token goes on stdin, never in the arguments.
+    (lambda a: a.serve_start(bind="198.18.1.11", port=7470, token="t" * 40),
+     ["blob", "serve", "start", "--bind", "198.18.1.11", "--port", "7470", "--token-stdin"]),
     (lambda a: a.serve_stop(), ["blob", "serve", "stop"]),
     (lambda a: a.ray_start_head(address="198.18.1.11", port=6379, gpus=8),
      ["ray", "start-head", "--address", "198.18.1.11", "--port", "6379", "--num-gpus", "8"]),
@@ -119,3 +122,19 @@ def test_a_machine_without_an_agent_is_refused_before_any_connection(monkeypatch
         with Agent.open(Machine(name="gpu-a")):
             pass
     assert refused.value.kind == ErrorKind.NOT_RETRYABLE
+
+
+def test_the_firewall_spec_goes_on_stdin_and_the_cluster_on_the_command_line(monkeypatch, agent):
+    recorder = sent(monkeypatch, {"event": "result", "table": "inet fadenstack_gpu-room", "replaced": ["fadenstack_old"]})
+    spec = {"members": ["198.18.1.11"], "console": [], "gateway": [], "ports": {"gcs": 6379, "copies": [8100, 8199], "files": 7470}}
+
+    state = agent.firewall_write(cluster="gpu-room", spec=spec)
+
+    assert recorder.argv == [*AGENT, "firewall", "write", "--cluster", "gpu-room"] and json.loads(recorder.stdin) == spec
+    assert state.present and state.replaced == ("fadenstack_old",)
+    recorder = sent(monkeypatch, {"event": "result", "table": "inet fadenstack_gpu_room", "removed": True})
+    assert not agent.firewall_remove(cluster="gpu-room").present
+    assert recorder.argv == [*AGENT, "firewall", "remove", "--cluster", "gpu-room"]
+    recorder = sent(monkeypatch, {"event": "result", "present": True, "ruleset": "table inet fadenstack_gpu_room {}"})
+    assert agent.firewall_status(cluster="gpu-room").present
+    assert recorder.argv == [*AGENT, "firewall", "status", "--cluster", "gpu-room"]

@@ -81,7 +81,8 @@ def test_the_answers_of_several_extensions_are_put_together(room, with_mounts):
     assert hooks.delete_refusal(room).endswith("left running on the machines. gpu-room still has a mount.")
     assert hooks.accelerators_free(room, joined) == 15.5  # 16 GPUs, no copy, half a GPU held by the mounts
     assert hooks.serving_copies(room) == 2
-    assert [card.name for card in pages.page_cards()] == ["connect", "nccl", "deployments", "model-source", "mounts"]
+    assert [card.name for card in pages.page_cards()] == ["connect", "nccl", "node_logins", "deployments", "orphans", "model-source",
+                                                       "mounts"]
 
 
 @pytest.mark.parametrize("state", [ClusterState.STOPPED, ClusterState.STARTING, ClusterState.FAILED])

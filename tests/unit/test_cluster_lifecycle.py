@@ -423,12 +423,13 @@ def test_the_head_of_a_running_cluster_cannot_be_removed_until_the_cluster_is_st
 def test_a_worker_of_a_running_cluster_is_not_removed_from_its_record(committed, room, gpu_b):
     words = refused(committed, services.cluster_member_remove, cluster=room, machine_id=gpu_b.pk)
 
-    assert "leaves a running cluster by a drain, which is not available yet" in words
+    assert "leaves a running cluster by a drain first. Remove from cluster shows gpu-b's drain plan" in words
     assert ClusterMember.objects.filter(machine=gpu_b).exists()
 
 
 def test_a_worker_leaves_a_stopped_cluster_and_stays_enrolled(committed, stopped_room, gpu_a, gpu_b):
-    assert committed(services.cluster_member_remove, cluster=stopped_room, machine_id=gpu_b.pk) is None
+    job = committed(services.cluster_member_remove, cluster=stopped_room, machine_id=gpu_b.pk)
+    assert job.kind == "cluster.leave" and job.params == {"machine_id": gpu_b.pk, "machine_name": "gpu-b"}
 
     assert list(stopped_room.members.values_list("machine__name", "role")) == [("gpu-a", Role.HEAD)]
     assert Machine.objects.get(pk=gpu_b.pk).state == MachineState.HEALTHY
@@ -569,7 +570,7 @@ def test_moving_a_cluster_to_another_shared_network_moves_the_member_addresses_a
     assert cluster.state == ClusterState.STARTING
     assert cluster.state_reason == "Moving from 198.18.1.0/24 to 198.18.0.0/24: restarting the cluster on it."
     assert job.params == {"restart": True}
-    assert queued == [("cluster_job", job.pk)]
+    assert queued == [("cluster_firewall_refresh", room.pk), ("cluster_job", job.pk)]  # the tables first
 
 
 # -- health checks -------------------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def test_the_image_leaves_the_server_once_and_travels_machine_to_machine(stopped
 
     fetched = {name: kwargs["url"] for name, method, kwargs in agents.calls if method == "file_fetch"}  # threads: any order
     digest = stopped.members.first().runtime_image.digest
-    assert fetched == {"gpu-a": f"http://198.18.0.1:8000/agent/images/{digest}/",
+    assert fetched == {"gpu-a": f"https://198.18.0.1:8443/agent/images/{digest}/",  # TLS to the pinned certificate
                        "gpu-b": f"http://198.18.1.11:7470/blobs/{digest}", "gpu-c": f"http://198.18.1.12:7470/blobs/{digest}"}
     transfers = {t.member.machine.name: t for t in Transfer.objects.select_related("member__machine")}
     assert transfers["gpu-a"].source == "the server" and transfers["gpu-c"].source == "gpu-b (198.18.1.12)"
@@ -81,7 +81,7 @@ def test_the_first_copy_s_token_is_the_machine_s_own_for_its_cluster_and_lasts_a
     started = time.time()
     start(stopped)
 
-    [(name, fetch)] = [(name, kwargs) for name, method, kwargs in agents.calls if method == "file_fetch" and kwargs["token"]]
+    [(name, fetch)] = [(name, kwargs) for name, method, kwargs in agents.calls if method == "file_fetch" and "/blobs/" not in kwargs["url"]]
     granted = signing.loads(fetch["token"], salt=images.TOKEN_SALT)
     assert name == "gpu-a"
     assert granted["digest"] == fetch["digest"] and granted["cluster"] == stopped.pk

@@ -259,19 +259,21 @@ def test_adding_nothing_shows_the_services_message_on_the_page(admin_client, bui
 # -- the machine panel and the diagram --------------------------------------------------------------
 
 
-def test_the_machine_panel_shows_remove_disabled_with_the_reason_on_a_running_cluster(admin_client, build):
+def test_the_machine_panel_of_a_running_cluster_opens_the_drain_plan_and_refuses_the_head_with_the_reason(admin_client, build):
     cluster = make_cluster(build)
     head, worker = machine_of(cluster, 0), machine_of(cluster, 1)
     html = page(admin_client, cluster, f"?machine={worker.pk}")
     panel = re.search(rf'<div class="machine-panel" id="machine-panel-{worker.pk}"[^>]*>.*?</ul>', html, re.S).group(0)
     assert " hidden" not in panel.split(">")[0]
-    assert "disabled" in button(panel, "Remove from cluster")
-    assert "a machine that joined leaves a running cluster by a drain, which is not available yet." in panel
-    assert "disabled" in button(panel, "Drain")
-    assert "Draining a machine is not available yet: stop the cluster to free its machines" in panel
+    # A worker of a running cluster leaves by a drain: Drain and Remove from cluster open its drain plan.
+    assert f'href="/deployments/drain/plan/?machines={worker.pk}"' in panel
+    assert f'href="/deployments/drain/plan/?machines={worker.pk}&amp;remove=1"' in panel
+    assert "not available yet" not in html
     assert "comes with deployments" not in html  # the words of before deployments existed
     head_panel = re.search(rf'<div class="machine-panel" id="machine-panel-{head.pk}"[^>]*>.*?</ul>', html, re.S).group(0)
     assert "to take out the head, stop the cluster first." in head_panel
+    assert f"{head.name} leads gpu-room: the cluster cannot run without it. Stop the cluster instead, or drain the other " \
+           "machines." in head_panel and "disabled" in button(head_panel, "Drain")
     assert " hidden" in head_panel.split(">")[0]
 
 

@@ -148,7 +148,7 @@ def test_the_certificate_page_signs_a_pasted_key_for_one_node_and_shows_it_once(
     line = re.search(r'<pre class="copy__text" id="ssh-certificate">([^<]+)</pre>', shown).group(1)
     signed = load_ssh_public_identity(line.encode())
     row = SSHCertificate.objects.get()
-    assert signed.serial == row.pk and signed.valid_principals == [f"fadenstack-machine-{room.members.get(machine__name='lab-b').machine_id}".encode()]
+    assert signed.serial == row.pk and signed.valid_principals == [f"fadenstack-cluster-{room.pk}-machine-{room.members.get(machine__name='lab-b').machine_id}".encode()]
     assert "ssh root@198.18.0.12" in shown
     entry = AuditEntry.objects.get(method="POST")
     assert row.key_id in entry.message and line.split()[1] not in entry.message

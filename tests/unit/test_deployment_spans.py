@@ -38,7 +38,8 @@ def test_a_copy_over_two_machines_runs_its_own_ray_there_and_the_engine_joins_it
     gcs = f"{first.address}:{fakes.copies[first.machine.name][copy.key + '-ray']['port']}"
     assert node["ray"] == {"head": gcs, "gpus": 8} and node["address"] == second.address
     assert node["env"] == {"CUDA_VISIBLE_DEVICES": every_gpu}
-    assert engine["env"] == {"CUDA_VISIBLE_DEVICES": every_gpu, "RAY_ADDRESS": gcs}
+    assert engine["env"] == {"CUDA_VISIBLE_DEVICES": every_gpu, "RAY_ADDRESS": gcs,
+                             "VLLM_API_KEY": engine["env"]["VLLM_API_KEY"]}  # the copy's key: the engine's only
     argv = engine["argv"]
     assert argv[argv.index("--tensor-parallel-size") + 1] == "8" and argv[argv.index("--pipeline-parallel-size") + 1] == "2"
     assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"

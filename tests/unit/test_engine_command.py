@@ -56,3 +56,24 @@ def test_the_form_s_text_becomes_one_option_per_word_and_an_unknown_vendor_is_re
     assert options_problem([]) is None
     with pytest.raises(ValueError, match="No engine for GPUs"):
         vllm_command(gpu_indices=[0], **{**COMMON, "vendor": "intel"})
+
+
+def test_a_copy_with_tls_serves_its_machine_s_certificate_and_requires_a_client_certificate():
+    command = vllm_command(gpu_indices=[0], options=["--enable-prefix-caching"], api_key="k3y-of-the-copy", tls=True,
+                           **COMMON)
+    argv = command.argv
+    assert argv[argv.index("--ssl-keyfile") + 1] == "/etc/fadenstack/cluster/tls/copy.key"
+    assert argv[argv.index("--ssl-certfile") + 1] == "/etc/fadenstack/cluster/tls/copy.pem"
+    assert argv[argv.index("--ssl-ca-certs") + 1] == "/etc/fadenstack/cluster/tls/ca.pem"
+    assert argv[argv.index("--ssl-cert-reqs") + 1] == "2"  # CERT_REQUIRED: no certificate, no connection
+    assert "--enable-ssl-refresh" in argv  # a renewed certificate is taken up without a restart
+    assert argv[-1] == "--enable-prefix-caching"  # a person's options still come last
+    # The copy's key stays in its environment, never on the command line; no key file's content either.
+    assert command.env == {"CUDA_VISIBLE_DEVICES": "0", "VLLM_API_KEY": "k3y-of-the-copy"}
+    assert not any("k3y" in word or "PRIVATE" in word for word in argv)
+    assert "--ssl-keyfile" not in vllm_command(gpu_indices=[0], **COMMON).argv
+
+
+@pytest.mark.parametrize("flag", ["--ssl-keyfile=/root/.ssh/id_rsa", "--ssl-cert-reqs=0", "--ssl-ca-certs=/tmp/ca.pem"])
+def test_the_tls_flags_are_the_console_s_alone(flag):
+    assert "is set by the console" in options_problem([flag])

@@ -100,7 +100,7 @@ def test_faden_ssh_signs_a_certificate_for_the_node_and_runs_ssh_with_it(room, k
                     "-p", "2222", "--", "root@198.18.0.12"]
     signed = load_ssh_public_identity(certificate.read_bytes())
     lab_b = room.members.get(machine__name="lab-b").machine_id
-    assert signed.valid_principals == [f"fadenstack-machine-{lab_b}".encode()]
+    assert signed.valid_principals == [f"fadenstack-cluster-{room.pk}-machine-{lab_b}".encode()]
     assert signed.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode() \
         == " ".join(key.with_name("id_ed25519.pub").read_text().split()[:2])
     assert stat.S_IMODE(certificate.stat().st_mode) == 0o600 and stat.S_IMODE(certificate.parent.stat().st_mode) == 0o700

@@ -181,16 +181,17 @@ def test_every_kind_that_keeps_a_row_in_a_state_while_its_job_runs_ends_it_when_
 
 
 @pytest.mark.django_db
-def test_the_reaper_leaves_a_resumable_job_with_a_recent_beat_and_a_requeued_one_alone(
+def test_the_reaper_leaves_a_resumable_job_with_a_recent_beat_alone_and_only_sends_a_requeued_one_again(
         resumable, django_capture_on_commit_callbacks):
     fresh = stale_running(minutes=0)
     requeued = JobFactory(kind=KIND, state=JobState.QUEUED, resumes=1, beat_at=timezone.now() - timedelta(hours=1))
 
     with django_capture_on_commit_callbacks(execute=True):
-        assert jobs_reap() == 0
+        assert jobs_reap() == 1
 
     assert [Job.objects.get(pk=j.pk).state for j in (fresh, requeued)] == [JobState.RUNNING, JobState.QUEUED]
-    assert resumed_task.enqueued == []
+    assert Job.objects.get(pk=requeued.pk).resumes == 1  # not a resume: its message is sent again
+    assert resumed_task.enqueued == [requeued.pk]
 
 
 @pytest.mark.django_db
@@ -372,3 +373,24 @@ def test_an_apply_given_up_on_puts_the_copies_it_claimed_or_started_back_in_the_
     assert list(deployment.copy_rows.values_list("state", "pid")) == [
         (CopyState.QUEUED, None), (CopyState.QUEUED, None), (CopyState.SERVING, 4003)]
     assert deployment.copy_rows.get(number=1).state_reason == "Waiting for its turn to start: the worker starting it stopped."
+
+
+@pytest.mark.django_db
+def test_a_job_still_queued_after_the_stale_period_is_sent_again_once_per_period_and_a_fresh_one_is_left(
+        resumable, django_capture_on_commit_callbacks):
+    """A worker killed after taking a job's message and before the job began leaves it queued (the broker
+    hands the message out again only after an hour): the reaper sends it again, marking the sending."""
+    lost = JobFactory(kind=KIND, state=JobState.QUEUED)
+    Job.objects.filter(pk=lost.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+    fresh = JobFactory(kind=KIND, state=JobState.QUEUED)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert jobs_reap() == 1
+    assert resumed_task.enqueued == [lost.pk]
+    lost.refresh_from_db()
+    assert (lost.state, lost.resumes) == (JobState.QUEUED, 0) and lost.beat_at > timezone.now() - timedelta(seconds=30)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert jobs_reap() == 0  # sent within the period: not again
+    assert resumed_task.enqueued == [lost.pk] and fresh.pk not in resumed_task.enqueued
+

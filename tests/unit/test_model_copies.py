@@ -50,7 +50,7 @@ def test_server_copies_send_one_copy_from_the_server_then_machine_to_machine(mod
 
     fetches = [(name, kw["url"]) for name, method, kw in fakes.calls if method == "file_fetch"]
     weights = sorted((name, url) for name, url in fetches if "2222" in url)
-    assert weights == [("lab-a", f"http://198.18.0.1:8000/agent/models/{'2' * 64}/"),
+    assert weights == [("lab-a", f"https://198.18.0.1:8443/agent/models/{'2' * 64}/"),
                        ("lab-b", f"http://198.18.1.11:7470/blobs/{'2' * 64}"),
                        ("lab-c", f"http://198.18.1.12:7470/blobs/{'2' * 64}")]
     assert {(name, method) for name, method, _ in fakes.calls if method == "serve_stop"} == {

@@ -86,7 +86,7 @@ def test_the_spec_carries_sshds_dropin_the_authority_and_roots_principals():
 
     assert spec["dropin"] == sshd.sshd_dropin()
     assert spec["ca_public_key"] == CA_KEY
-    assert spec["principals"] == "fadenstack-machine-12\nfadenstack-cluster-3\n"
+    assert spec["principals"] == "fadenstack-cluster-3\nfadenstack-cluster-3-machine-12\n"
 
 
 @pytest.mark.parametrize("node_index", [0, 1, 2])
@@ -243,7 +243,7 @@ def test_every_members_spec_from_the_database_names_its_own_principal_and_the_pi
     specs = node_files_specs(cluster, host_keys={"lab-a": HOST_KEY})
 
     assert sorted(specs) == ["lab-a", "lab-b"]
-    assert specs["lab-b"]["sshd"]["principals"] == f"fadenstack-machine-{worker.pk}\nfadenstack-cluster-{cluster.pk}\n"
+    assert specs["lab-b"]["sshd"]["principals"] == f"fadenstack-cluster-{cluster.pk}\nfadenstack-cluster-{cluster.pk}-machine-{worker.pk}\n"
     assert [n["host_keys"] for n in specs["lab-b"]["ssh"]["nodes"]] == [[" ".join(HOST_KEY.split()[:2])], []]
     assert specs["lab-a"]["ssh"]["public_key"] == Cluster.objects.get(pk=cluster.pk).node_public_key
     for spec in specs.values():

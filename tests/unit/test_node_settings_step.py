@@ -214,7 +214,7 @@ def test_a_delete_removes_every_machine_s_settings_after_the_stop_and_forgets_th
     job = run(services.cluster_delete(cluster=running))
 
     assert job.state == JobState.SUCCEEDED, job.error
-    assert [s["name"] for s in job.steps] == [steps.STOP_ALL.name, steps.UNMOUNT_SHARED.name, steps.REMOVE_SETTINGS.name,
+    assert [s["name"] for s in job.steps] == [steps.STOP_ALL.name, steps.OPEN_FIREWALL.name, steps.REMOVE_SECRETS.name, steps.UNMOUNT_SHARED.name, steps.REMOVE_SETTINGS.name,
                                               steps.DELETE_RECORD.name]
     assert calls_to(agents, "node_files_remove") == ["gpu-a", "gpu-b", "gpu-c"]
     order = [(machine, method) for machine, method, _ in agents.calls]

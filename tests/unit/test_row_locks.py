@@ -4,7 +4,7 @@ held its machine deadlocked on the two key checks at commit (seen in the lab); P
 import threading
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from clusters.choices import CheckTrigger
 from clusters.lifecycle import cluster_locked
@@ -15,8 +15,9 @@ pytestmark = [pytest.mark.django_db(transaction=True),
               pytest.mark.skipif("connection.vendor != 'postgresql'", reason="SQLite has no row locks")]
 
 
-def in_thread(work, *, timeout: float) -> bool:
-    """Run ``work`` on its own connection; whether it finished within ``timeout`` seconds."""
+def in_thread(work, *, timeout: float, errors: list | None = None) -> bool:
+    """Run ``work`` on its own connection; whether it finished within ``timeout`` seconds. An error it
+    raises goes into ``errors`` when the caller expects one (else the thread fails as usual)."""
     done = threading.Event()
 
     def run():
@@ -24,6 +25,10 @@ def in_thread(work, *, timeout: float) -> bool:
             with transaction.atomic():
                 work()
             done.set()
+        except Exception as exc:
+            if errors is None:
+                raise
+            errors.append(exc)
         finally:
             connection.close()
 
@@ -58,12 +63,12 @@ def test_deleting_a_cluster_is_not_failed_by_a_health_check_written_while_it_del
     from clusters.services import cluster_record_delete
 
     room = cluster_of([gpu_machine("lab-a", 11)])
-    writers = []
+    writers, refused = [], []
 
     def check_written_meanwhile(sender, instance, **kwargs):  # after Django collected what refers to it
         if instance.pk == room.pk and not writers:
             writers.append(in_thread(lambda: HealthCheck.objects.create(cluster_id=room.pk, trigger=CheckTrigger.HEARTBEAT),
-                                     timeout=0.5))
+                                     timeout=0.5, errors=refused))
 
     pre_delete.connect(check_written_meanwhile, sender=Cluster)
     try:
@@ -75,3 +80,4 @@ def test_deleting_a_cluster_is_not_failed_by_a_health_check_written_while_it_del
     writer.join(5)
     assert not written, "the check was written while the delete held the cluster"
     assert not Cluster.objects.filter(pk=room.pk).exists()
+    assert [type(exc) for exc in refused] == [IntegrityError], refused  # it failed on its own side

@@ -499,12 +499,12 @@ def test_an_image_without_mpirun_and_vllm_is_refused_naming_each_and_the_feature
 
 def test_a_file_a_later_layer_takes_away_and_ray_without_its_dashboard_are_missing(store, tmp_path):
     without_dashboard = [m for m in EVERYTHING if not (isinstance(m, tuple) and "dashboard" in m[0])]
-    whiteout = layer_tar([("usr/bin/.wh.ssh", b"")])
+    whiteout = layer_tar([("usr/bin/.wh.mpirun", b"")])
     path = image_with_layers(tmp_path / "later.img", [layer_tar(without_dashboard), whiteout])
     problems = image_contents.runtime_image_contents_problems(path=path)
     assert problems == ["lacks ray/dashboard: the tunnel to Ray's dashboard and job API needs Ray's dashboard packages "
                         "(ray[default])",
-                        "lacks ssh on its PATH: the NCCL test (mpirun reaches the other nodes over SSH) needs an SSH client"]
+                        "lacks mpirun on its PATH: the NCCL test needs Open MPI's mpirun"]
 
 
 def test_a_label_that_names_rays_path_is_where_ray_must_be(store, tmp_path):
@@ -517,8 +517,7 @@ def test_a_label_that_names_rays_path_is_where_ray_must_be(store, tmp_path):
 def test_the_image_s_own_path_is_where_programs_are_looked_for(store, tmp_path):
     path = image_with_layers(tmp_path / "narrow.img", [layer_tar(EVERYTHING)], env_path="/usr/local/bin")
     problems = image_contents.runtime_image_contents_problems(path=path)
-    assert [p.split(":")[0] for p in problems] == ["lacks python3 on its PATH", "lacks ssh on its PATH",
-                                                   "lacks mpirun on its PATH"]
+    assert [p.split(":")[0] for p in problems] == ["lacks python3 on its PATH", "lacks mpirun on its PATH"]
 
 
 def test_a_layer_that_is_not_a_tar_is_said_so(store, tmp_path):

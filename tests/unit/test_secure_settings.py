@@ -1,4 +1,5 @@
-"""Running behind TLS: FADEN_SECURE=true, and the machines' own endpoints stay on plain HTTP."""
+"""Running behind TLS: FADEN_SECURE=true; the machines' own endpoints stay on plain HTTP where FADEN_AGENT_PLAIN_HTTP
+allows it (the suite's setting; tests/unit/test_agent_tls.py without it)."""
 import os
 import re
 import subprocess

@@ -23,7 +23,7 @@ def spawned(monkeypatch):
     monkeypatch.setattr(serve, "call_command", lambda *args, **kwargs: None)
     monkeypatch.setattr(serve.Command, "_ensure_admin", lambda self: None)
     monkeypatch.setattr(serve.Command, "_ensure_redis", lambda self: None)
-    monkeypatch.setattr(serve.Command, "_spawn", lambda self, name, argv: started.__setitem__(name, argv))
+    monkeypatch.setattr(serve.Command, "_spawn", lambda self, name, argv, restart=False: started.__setitem__(name, (argv, restart)))
 
     def interrupt(seconds):
         raise KeyboardInterrupt
@@ -38,11 +38,13 @@ def test_faden_serve_starts_the_gateway_on_its_own_port_beside_the_others(spawne
     with pytest.raises(SystemExit):
         serve.Command().handle(bind="0.0.0.0", port=8000, concurrency=2, gateway_port=8001, gateway_workers=2)
 
-    assert list(spawned) == ["web", "worker", "beat", "gateway"]
-    gateway = spawned["gateway"]
+    assert list(spawned) == ["web", "agents", "worker", "beat", "gateway"]
+    assert [name for name, (_, restart) in spawned.items() if restart] == ["gateway"]  # the others stop everything
+    gateway = spawned["gateway"][0]
     assert gateway[1:4] == ["-m", "uvicorn", "config.gateway_asgi:application"]
     assert gateway[gateway.index("--port") + 1] == "8001" and gateway[gateway.index("--workers") + 1] == "2"
-    assert {"uvloop", "httptools", "--no-access-log"} <= set(gateway)
+    assert {"uvloop", "deployments.gateway.protocol:BoundedHttpToolsProtocol", "--no-access-log"} <= set(gateway)
+    assert gateway[gateway.index("--timeout-keep-alive") + 1] == str(settings.FADEN_GATEWAY_KEEPALIVE)
 
 
 def test_the_gateway_and_the_web_server_cannot_share_a_port(spawned):

@@ -11,6 +11,7 @@ from django.utils import timezone
 from clusters import pages, services, steps, tasks
 from clusters.choices import ClusterState, MemberState
 from clusters.models import Cluster
+from clusters.runners import shared as shared_runner
 from clusters.runners.shared import SHARED_AGENT
 from clusters.shared_files import Abilities, shared_method, shared_sentence
 from console import roles
@@ -123,7 +124,7 @@ def test_a_start_exports_on_the_head_then_mounts_on_the_others_with_sshfs(stoppe
     assert [s["name"] for s in job.steps][-2:] == [steps.WRITE_SETTINGS.name, steps.SHARE_FILES.name]
     assert step_of(job, steps.SHARE_FILES) == {"name": steps.SHARE_FILES.name, "state": StepState.DONE,
                                                "detail": "sshfs: /shared on gpu-a, mounted on 2 other machine(s)"}
-    assert calls_to(agents, "shared_export") == [("gpu-a", {"method": "sshfs", "allow_from": "198.18.1.0/24"})]
+    assert calls_to(agents, "shared_export") == [("gpu-a", {"method": "sshfs", "members": ["198.18.1.12", "198.18.1.13"]})]
     assert calls_to(agents, "shared_mount") == [("gpu-b", {"head": "198.18.1.11", "method": "sshfs"}),
                                                 ("gpu-c", {"head": "198.18.1.11", "method": "sshfs"})]
     order = [(name, method) for name, method, _ in agents.calls]
@@ -141,6 +142,19 @@ def test_a_start_uses_nfs_where_the_head_exports_and_the_nodes_mount_nfs(stopped
 
     assert {kwargs["method"] for _, kwargs in calls_to(agents, "shared_mount")} == {"nfs"}
     assert shared_of(stopped)["method"] == "nfs"
+    # Exported to the two other members' addresses, never to the subnet.
+    assert calls_to(agents, "shared_export") == [("gpu-a", {"method": "nfs", "members": ["198.18.1.12", "198.18.1.13"]})]
+
+
+def test_a_head_whose_agent_exports_nfs_to_the_subnet_gets_sshfs_until_updated(stopped, agents, monkeypatch):
+    agents.answers["gpu-a"].update(NFS_HEAD)
+    for name in ("gpu-b", "gpu-c"):
+        agents.answers[name] = {"shared_can": {"nfs_mount": True}}
+    monkeypatch.setattr(shared_runner, "MEMBERS_EXPORT_AGENT", "99.0.0")  # every agent here is older than that
+
+    job = run(services.cluster_start(cluster=stopped))
+
+    assert {kwargs["method"] for _, kwargs in calls_to(agents, "shared_mount")} == {"sshfs"}, job.log
 
 
 def test_a_node_without_sshfs_makes_the_cluster_share_nothing_and_the_log_says_why(stopped, agents):
@@ -149,7 +163,7 @@ def test_a_node_without_sshfs_makes_the_cluster_share_nothing_and_the_log_says_w
     job = run(services.cluster_start(cluster=stopped))
 
     assert job.state == JobState.SUCCEEDED, job.error
-    assert calls_to(agents, "shared_export") == [("gpu-a", {"method": "none", "allow_from": "198.18.1.0/24"})]
+    assert calls_to(agents, "shared_export") == [("gpu-a", {"method": "none", "members": ["198.18.1.12", "198.18.1.13"]})]
     assert calls_to(agents, "shared_mount") == []
     assert (f"/shared stays on gpu-a only: gpu-a cannot export NFS (exportfs is not installed (apt-get install "
             f"nfs-kernel-server)), and gpu-c ({NO_SSHFS}) cannot mount sshfs.") in job.log
@@ -235,7 +249,8 @@ def test_a_delete_unmounts_every_node_before_the_head_and_before_the_settings_go
     job = run(services.cluster_delete(cluster=Cluster.objects.get(pk=stopped.pk)))
 
     assert job.state == JobState.SUCCEEDED, job.error
-    assert [s["name"] for s in job.steps] == [steps.STOP_ALL.name, steps.UNMOUNT_SHARED.name, steps.REMOVE_SETTINGS.name,
+    assert [s["name"] for s in job.steps] == [steps.STOP_ALL.name, steps.OPEN_FIREWALL.name, steps.REMOVE_SECRETS.name,
+                                              steps.UNMOUNT_SHARED.name, steps.REMOVE_SETTINGS.name,
                                               steps.DELETE_RECORD.name]
     order = [(name, method) for name, method, _ in agents.calls]
     assert max(order.index((n, "shared_unmount")) for n in ("gpu-b", "gpu-c")) < order.index(("gpu-a", "shared_unmount"))

@@ -21,7 +21,8 @@ def test_the_dropin_trusts_the_authority_and_reads_one_principals_file_per_accou
     text = sshd.sshd_dropin("/etc/fadenstack/ssh/principals/%u", "/etc/fadenstack/ssh/ca.pub")
     settings_lines = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert settings_lines == ["TrustedUserCAKeys /etc/fadenstack/ssh/ca.pub",
-                              "AuthorizedPrincipalsFile /etc/fadenstack/ssh/principals/%u"]
+                              "AuthorizedPrincipalsFile /etc/fadenstack/ssh/principals/%u",
+                              "RevokedKeys /etc/fadenstack/ssh/revoked.krl"]
     assert sshd.DROPIN_PATH == "/etc/ssh/sshd_config.d/fadenstack-ca.conf"
 
 
@@ -36,13 +37,16 @@ def test_the_dropin_refuses_paths_sshd_would_misread(principals_file, ca_key, wo
         sshd.sshd_dropin(principals_file, ca_key)
 
 
-def test_a_machine_accepts_for_root_its_own_principal_and_its_clusters():
-    assert sshd.root_principals(machine_id=12) == ["fadenstack-machine-12"]
-    assert sshd.root_principals(machine_id=12, cluster_id=3) == ["fadenstack-machine-12", "fadenstack-cluster-3"]
-    assert sshd.principals_file_text(sshd.root_principals(machine_id=12, cluster_id=3)) == "fadenstack-machine-12\nfadenstack-cluster-3\n"
+def test_a_machine_accepts_for_root_its_clusters_principal_and_its_own_within_that_cluster_only():
+    assert sshd.root_principals(machine_id=12, cluster_id=3) == ["fadenstack-cluster-3", "fadenstack-cluster-3-machine-12"]
+    assert sshd.principals_file_text(sshd.root_principals(machine_id=12, cluster_id=3)) == \
+        "fadenstack-cluster-3\nfadenstack-cluster-3-machine-12\n"
     assert sshd.principals_file_for("root") == "/etc/fadenstack/ssh/principals/root"
     assert sshd.login_principals(cluster_id=3) == ["fadenstack-cluster-3"]
-    assert sshd.login_principals(cluster_id=3, machine_ids=[12]) == ["fadenstack-machine-12"]
+    assert sshd.login_principals(cluster_id=3, machine_ids=[12]) == ["fadenstack-cluster-3-machine-12"]
+    # A certificate for one cluster names nothing another cluster's machines accept, nor machine 12 once in cluster 4.
+    assert not set(sshd.login_principals(cluster_id=3, machine_ids=[12])) & set(sshd.root_principals(machine_id=12, cluster_id=4))
+    assert not set(sshd.login_principals(cluster_id=3)) & set(sshd.root_principals(machine_id=12, cluster_id=31))
     with pytest.raises(ValueError):
         sshd.principals_file_text(["two words"])
 

@@ -4,7 +4,6 @@ import secrets
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,8 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from console import roles
+from console import agent_tls, roles
+from console.supervisor import Supervisor
 
 # The project's wiring (config/) is named, not imported: console is the layer everything else builds on.
 CELERY_APP = "config"  # config/__init__.py holds the Celery app
@@ -39,11 +39,27 @@ def _module_attribute(dotted: str) -> str:
 
 
 def gateway_argv(python: str, *, bind: str, port: int, workers: int) -> list[str]:
-    """The gateway under uvicorn: uvloop and httptools (its fast paths), no access log (a line per request
-    would cost more than the gateway's own work), no Server header; ``workers`` processes share the port."""
+    """The gateway under uvicorn: uvloop and httptools (its fast paths) in the gateway's bounded protocol (the
+    head's size and time, the connections: FADEN_GATEWAY_PROTOCOL), no access log (a line per request would
+    cost more than the gateway's own work), no Server header, no websockets; ``workers`` processes share the
+    port."""
     return [python, "-m", "uvicorn", gateway_application(), "--host", bind, "--port", str(port),
-            "--workers", str(workers), "--loop", "uvloop", "--http", "httptools", "--lifespan", "on",
-            "--no-access-log", "--no-server-header", "--timeout-graceful-shutdown", "10"]
+            "--workers", str(workers), "--loop", "uvloop", "--http", _module_attribute(settings.FADEN_GATEWAY_PROTOCOL),
+            "--ws", "none", "--lifespan", "on", "--no-access-log", "--no-server-header",
+            "--timeout-keep-alive", str(settings.FADEN_GATEWAY_KEEPALIVE),
+            "--h11-max-incomplete-event-size", str(settings.FADEN_GATEWAY_MAX_HEAD),
+            "--timeout-graceful-shutdown", "10"]
+
+
+def agents_argv(python: str, *, bind: str, port: int) -> list[str]:
+    """The agents' TLS listener: the console's /agent/ endpoints only (config/agent_asgi.py) over TLS with the
+    certificate each agent pins (console/agent_tls.py, made here the first time), under the gateway's bounds."""
+    certificate, key = agent_tls.ensure()
+    return [python, "-m", "uvicorn", _module_attribute(settings.FADEN_AGENT_TLS_APPLICATION), "--host", bind,
+            "--port", str(port), "--ssl-certfile", str(certificate), "--ssl-keyfile", str(key),
+            "--loop", "uvloop", "--http", _module_attribute(settings.FADEN_GATEWAY_PROTOCOL), "--ws", "none",
+            "--lifespan", "off", "--no-access-log", "--no-server-header",
+            "--timeout-keep-alive", str(settings.FADEN_GATEWAY_KEEPALIVE), "--timeout-graceful-shutdown", "10"]
 
 
 def _listening(host: str, port: int) -> bool:
@@ -64,8 +80,8 @@ def redis_server_binary() -> str:
 
 
 class Command(BaseCommand):
-    help = ("Start the console: web server, one Celery worker, one Celery beat, the gateway (and Redis when none "
-            "is listening).")
+    help = ("Start the console: web server, the agents' TLS listener, one Celery worker, one Celery beat, the gateway "
+            "(and Redis when none is listening).")
 
     def add_arguments(self, parser):
         parser.add_argument("--bind", default=os.environ.get("FADEN_WEB_BIND", "0.0.0.0"))
@@ -77,7 +93,10 @@ class Command(BaseCommand):
     def handle(self, *args, bind, port, concurrency, gateway_port, gateway_workers, **options):
         if gateway_port == port:
             raise CommandError(f"The gateway and the web server cannot share port {port}: set FADEN_GATEWAY_PORT to another.")
-        self.children: dict[str, subprocess.Popen] = {}
+        if settings.FADEN_AGENT_TLS_PORT in (port, gateway_port):
+            raise CommandError(f"The agents' TLS listener cannot share port {settings.FADEN_AGENT_TLS_PORT} with the web "
+                               "server or the gateway: set FADEN_AGENT_TLS_PORT to another.")
+        self.supervisor = Supervisor(lambda line: self.stderr.write(line))
         signal.signal(signal.SIGTERM, lambda *_: self._stop(0))
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
@@ -86,35 +105,32 @@ class Command(BaseCommand):
         python = sys.executable
         data = Path(settings.DATA_DIR)
         self._spawn("web", [python, "-m", "daphne", "-b", bind, "-p", str(port), asgi_application()])
+        self._spawn("agents", agents_argv(python, bind=bind, port=settings.FADEN_AGENT_TLS_PORT))
         self._spawn("worker", [python, "-m", "celery", "-A", CELERY_APP, "worker", "-c", str(concurrency), "-l", "INFO", "-n", f"worker@{socket.gethostname()}"])
         self._spawn("beat", [python, "-m", "celery", "-A", CELERY_APP, "beat", "-l", "INFO", "-s", str(data / "celerybeat-schedule")])
+        # The gateway faces every client: should one bring it down, it starts again alone (console/supervisor.py).
         self._spawn("gateway", gateway_argv(python, bind=settings.FADEN_GATEWAY_BIND or bind, port=gateway_port,
-                                            workers=gateway_workers))
+                                            workers=gateway_workers), restart=True)
         shown = "localhost" if bind in ("0.0.0.0", "::") else bind
         self.stdout.write(self.style.SUCCESS(f"Fadenstack is up: http://{shown}:{port}/  (Ctrl-C stops it)"))
         self.stdout.write(f"The gateway (OpenAI-compatible API): http://{shown}:{gateway_port}/v1/")
+        self.stdout.write(f"The machines' agents: https://{shown}:{settings.FADEN_AGENT_TLS_PORT}/agent/ "
+                          f"(certificate sha256 {agent_tls.pin()})")
         try:
             while True:
-                for name, child in self.children.items():
-                    if child.poll() is not None:
-                        self.stderr.write(f"The {name} process stopped with exit status {child.returncode}; stopping the rest.")
-                        self._stop(1)
+                if stopped := self.supervisor.check():
+                    self.stderr.write(f"The {stopped.name} process stopped with exit status "
+                                      f"{stopped.process.returncode}; stopping the rest.")
+                    self._stop(1)
                 time.sleep(1)
         except KeyboardInterrupt:
             self._stop(0)
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
-        self.children[name] = subprocess.Popen(argv, start_new_session=True)
+    def _spawn(self, name: str, argv: list[str], *, restart: bool = False) -> None:
+        self.supervisor.spawn(name, argv, restart=restart)
 
     def _stop(self, code: int) -> None:
-        for child in reversed(self.children.values()):
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGTERM)
-        for child in self.children.values():
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
+        self.supervisor.stop()
         sys.exit(code)
 
     def _ensure_redis(self) -> None:
