@@ -409,6 +409,9 @@ def test_a_serving_machine_removed_from_the_running_cluster_while_a_client_calls
     started: no copy twice."""
     operator = UserFactory(username="ops-remove", role=roles.OPERATOR)
     a, b, c = (Machine.objects.get(name=name) for name in MACHINES)
+    # lab-b's link was cut in the test before: placement takes a machine only while it is Up in the cluster (in
+    # CI, both copies once went to lab-a while the health check still had lab-b rejoining).
+    wait_for(lambda: all_up("serve", len(MACHINES)), timeout=90, what="serve with lab-a, lab-b and lab-c Up")
     deployment = services.deployment_create(ask=ask_from(
         {"name": "tiny-remove", "copies": 2, "kind": KIND, "gpu_quarters": 8, "memory_per_gpu_gib": 8,
          "context_length": 2048}, cluster=cluster, model=model), user=operator)
