@@ -92,7 +92,10 @@ def _record_member_states(cluster: Cluster, members: list[ClusterMember], findin
     up on them); ones found back read Up."""
     by_member = {f.member_id: f for f in findings}
     head = next(m for m in members if m.role == Role.HEAD)
-    nodes = {n.get("address"): n for n in (answers[head.pk].get("ray") or {}).get("nodes") or []}
+    # Ray keeps a node that left in its list, dead, beside the one that joined again at the same address: the
+    # live one is the machine's (sorted last, so that it wins).
+    listed = (answers[head.pk].get("ray") or {}).get("nodes") or []
+    nodes = {n.get("address"): n for n in sorted(listed, key=lambda n: bool(n.get("alive")))}
     attempts = settings.FADEN_RESTART_ATTEMPTS
     for member in members:
         answer = answers[member.pk]

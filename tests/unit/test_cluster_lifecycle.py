@@ -738,6 +738,20 @@ def test_a_machine_repairs_gave_up_on_is_up_again_once_a_check_finds_it_in_ray(c
     assert (b.state, b.state_reason, b.rejoin_attempts) == (MemberState.JOINED, "", 0)
 
 
+def test_a_machine_back_after_a_rejoin_is_up_again_though_ray_still_lists_its_old_node_dead(committed, queued, answers,
+                                                                                            room, gpu_a, gpu_b):
+    """Ray keeps the node a machine had before it left and joined again (Stop drain, a repair), dead, at the same
+    address; wherever it stands in the list, the live node is the machine's (seen in the lab: lab-b stayed Out)."""
+    ClusterMember.objects.filter(machine=gpu_b).update(state=MemberState.DOWN, state_reason="gpu-b is offline.")
+    answers.update({"gpu-a": head_agent(gpu_a, [node(11), node(12), {**node(12, alive=False), "node_id": "node-old"}]),
+                    "gpu-b": agent(gpu_b)})
+
+    check(committed, room)
+
+    b = member_of(gpu_b)
+    assert (b.state, b.state_reason, b.ray_node_id) == (MemberState.JOINED, "", "node-12")
+
+
 def test_a_second_look_that_finds_a_new_problem_looks_again_instead_of_repairing_it(committed, queued, answers, room,
                                                                                   gpu_a, gpu_b):
     answers.update({"gpu-a": head_agent(gpu_a, [node(11), node(12, alive=False)]), "gpu-b": agent(gpu_b)})
