@@ -49,8 +49,9 @@ class DeploymentsConfig(AppConfig):
 
 
 def _cluster_stopping(sender, cluster, deleting=False, **kwargs) -> None:
-    from deployments import serving
+    from deployments import drain, serving
 
+    drain.drains_cluster_stopping(cluster)  # first: it reads the copies on drained machines as they were
     serving.cluster_stopping(cluster, deleting=deleting)
 
 

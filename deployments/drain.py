@@ -273,6 +273,40 @@ def drains_back_in_ray(cluster_id: int, machine_ids) -> None:
         drain_changed(drain.machine_id, cluster_id)
 
 
+def drains_cluster_stopping(cluster: Cluster) -> None:
+    """The cluster stops under its drains. Their jobs end. A drain still moving copies reads Drained from here:
+    nothing runs on the machine once the cluster has stopped, and nothing goes there when it starts again. Its
+    copies not moved yet lose their place there (the start places them on other machines, or queues them); one
+    whose replacement was placed already leaves it that place. A removal stops being one (on a stopped cluster
+    Remove from cluster takes the machine out at once). A drain being stopped is over: the machine joins at the
+    next start. A Drained machine stays drained until Stop drain."""
+    from django.utils import timezone
+
+    for drain in Drain.objects.select_for_update(no_key=True).select_related("machine").filter(cluster=cluster):
+        if drain.state in (DrainState.STARTING, DrainState.MOVING, DrainState.STOPPING):
+            Job.objects.filter(pk=drain.job_id, state__in=JOB_ACTIVE).update(cancel_requested=True)
+        if drain.state == DrainState.STOPPING:
+            drain.delete()
+        elif drain.state in (DrainState.STARTING, DrainState.MOVING):
+            moved = (Job.objects.filter(pk=drain.job_id).values_list("params", flat=True).first() or {}).get("moved", {})
+            for copy in copies_on(drain.machine, cluster.pk):
+                if Copy.objects.filter(pk=moved.get(str(copy.pk)) or 0).exclude(state=CopyState.STOPPING).exists():
+                    copy.delete()  # its replacement holds its place in the deployment
+                else:
+                    Copy.objects.filter(pk=copy.pk).update(machine=None, slots=[], port=None, address=None, pid=None,
+                                                           state_changed_at=timezone.now())
+            words = "left" if drain.remove else "drained"
+            reason = (f"{cluster.name} stopped before {drain.machine.name} was {words}: nothing runs on it, and nothing "
+                      f"is placed there when the cluster starts again.")
+            if drain.remove:
+                reason += " Remove from cluster takes it out now that the cluster is stopped."
+            Drain.objects.filter(pk=drain.pk).update(remove=False)
+            drain_transition(drain, to=DrainState.DRAINED, reason=reason)
+        else:
+            continue
+        drain_changed(drain.machine_id, cluster.pk)
+
+
 def held_out_of_ray(cluster) -> set[int]:
     """The machines of the cluster Ray may have let go of by a drain: a health check does not join them again."""
     return set(Drain.objects.filter(cluster=cluster, state__in=HELD_OUT).values_list("machine_id", flat=True))

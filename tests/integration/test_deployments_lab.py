@@ -7,7 +7,7 @@ delete frees the room; a serving machine drained while a client calls the gatewa
 Then a person's own job on a GPU of lab-a: its heartbeat brings it to the machine's page, and placement leaves
 its GPUs alone. Last, a deployment deleted while lab-b's link is down: its copy there runs on without a
 deployment until it is found and taken over. After it, lab-b (serving) is removed from the running cluster
-while a client calls and the console's worker is killed in the middle of the drain.
+while a client calls and the console's worker is killed in the middle of the drain, and joins a cluster of its own.
 
 The machines run the lab's `process` runtime: the engines are real processes reading the model's files
 from each machine's store. The main path on the real runtime (deploy, the gateway, scale, a killed copy
@@ -25,7 +25,7 @@ from django.test import Client
 from clusters import encryption
 from clusters.choices import ClusterState
 from clusters.models import Cluster, ClusterMember
-from clusters.services import cluster_start, cluster_stop
+from clusters.services import cluster_delete, cluster_start, cluster_stop
 from console import pki, roles
 from console.choices import JOB_TERMINAL, JobState
 from console.models import Job
@@ -284,8 +284,34 @@ def test_a_serving_machine_drained_while_a_client_calls_loses_no_request_and_sto
     wait_for(lambda: not Drain.objects.filter(machine=drained_machine).exists(), timeout=90,
              what=f"{drained_machine.name} back in Ray once the drain is stopped")
     assert cluster.members.get(machine=drained_machine).state == "joined"
+    a_drain_where_no_machine_has_room(cluster, model, drained_machine, operator)
     services.deployment_delete(deployment=deployment, user=operator)
     wait_for(lambda: not Deployment.objects.filter(pk=deployment.pk).exists(), timeout=60, what="tiny-drain deleted")
+
+
+def a_drain_where_no_machine_has_room(cluster: Cluster, model, machine: Machine, operator) -> None:
+    """Both tiny-drain copies are on the head now (4 of its 8 H100s): "tiny-six" (6 GPUs) can only go to
+    ``machine``. Its drain plan stops it, for want of 6 free GPUs; agreed to, the copy reads Queued with the drain's
+    words, and once the drain is stopped it starts again there by itself."""
+    six = services.deployment_create(ask=ask_from(
+        {"name": "tiny-six", "copies": 1, "kind": KIND, "gpu_quarters": 24, "memory_per_gpu_gib": 8,
+         "context_length": 2048}, cluster=cluster, model=model), user=operator)
+    wait_for(serving(1, "tiny-six"), timeout=60, what="tiny-six serving")
+    copy = six.copy_rows.get()
+    assert copy.machine_id == machine.pk
+    plan = drain_input.drain_plan_for(Cluster.objects.get(pk=cluster.pk), [machine.pk])
+    assert (plan.moves, [(s.copy, s.reason) for s in plan.stops]) == ([], [(copy.pk, "no machine has 6 free H100 80GB")])
+    drain.drain_start(Cluster.objects.get(pk=cluster.pk), machine, drain_input.plan_json(plan), user=operator)
+    wait_for(lambda: Drain.objects.filter(machine=machine, state=DrainState.DRAINED).exists(), timeout=60,
+             what=f"{machine.name} Drained, tiny-six stopped")
+    copy.refresh_from_db()
+    assert (copy.state, copy.state_reason, copy.machine_id) == (CopyState.QUEUED, f"stopped by the drain of {machine.name}",
+                                                                 None)
+    drain.drain_stop(machine, user=operator)
+    wait_for(serving(1, "tiny-six"), timeout=90, what="tiny-six serving again once the drain is stopped")
+    assert six.copy_rows.get().machine_id == machine.pk
+    services.deployment_delete(deployment=six, user=operator)
+    wait_for(lambda: not Deployment.objects.filter(pk=six.pk).exists(), timeout=60, what="tiny-six deleted")
 
 
 def test_a_gpu_a_persons_own_job_uses_shows_on_its_machine_and_no_copy_is_placed_on_it(lab, console, cluster, machines):
@@ -405,8 +431,8 @@ def test_a_serving_machine_removed_from_the_running_cluster_while_a_client_calls
     copy moves to lab-a). Remove from cluster with the plan read as the card reads it, while a client calls the
     gateway; the console's worker is killed (SIGKILL) while the drain reads Moving copies and a new one
     started. No request fails; the drain reads Leaving the cluster; lab-b leaves the record, its runtime
-    stops, it stays enrolled; the others' hostfile no longer lists it; and exactly one replacement was
-    started: no copy twice."""
+    stops, it stays enrolled; the others' hostfile no longer lists it; exactly one replacement was
+    started: no copy twice; and it starts a cluster of its own."""
     operator = UserFactory(username="ops-remove", role=roles.OPERATOR)
     a, b, c = (Machine.objects.get(name=name) for name in MACHINES)
     # lab-b's link was cut in the test before: placement takes a machine only while it is Up in the cluster (in
@@ -469,3 +495,10 @@ def test_a_serving_machine_removed_from_the_running_cluster_while_a_client_calls
           f"{len(statuses)} requests, none failed; steps {({s['name']: s.get('seconds') for s in job.steps})}")
     services.deployment_delete(deployment=deployment, user=operator)
     wait_for(lambda: not Deployment.objects.filter(pk=deployment.pk).exists(), timeout=60, what="tiny-remove deleted")
+
+    # It can join another cluster: nothing of serve's (its firewall table, its secrets, its node settings) is in
+    # the way of one of its own.
+    alone = running("lab-b-alone", [Machine.objects.get(pk=b.pk)], timeout=120)
+    wait_for(lambda: all_up("lab-b-alone", 1), timeout=60, what="lab-b-alone with lab-b Up")
+    cluster_delete(cluster=alone)
+    wait_for(lambda: not Cluster.objects.filter(pk=alone.pk).exists(), timeout=60, what="lab-b-alone deleted")

@@ -260,3 +260,74 @@ def test_the_gateway_says_which_copies_out_of_its_routes_still_answer_its_reques
     assert table.leaving_in_flight() == {7: 2}
     table.leaving[7].in_flight = 0  # its last answers came back
     assert table.leaving_in_flight() == {}
+
+
+# -- the cluster stops under a drain ----------------------------------------------------------------
+
+
+def moving(cluster, copy: Copy, *, moved: dict, remove: bool = False) -> Drain:
+    """A drain of ``copy``'s machine caught Moving copies, its job running with ``moved`` as its params say."""
+    from tests.factories import JobFactory
+
+    job = JobFactory(kind=drain.KIND, state=JobState.RUNNING, target_type="cluster", target_id=cluster.pk,
+                     params={"moved": moved})
+    return Drain.objects.create(machine=copy.machine, cluster=cluster, state=DrainState.MOVING, remove=remove, job=job,
+                                plan=move_plan(copy, copy.machine))
+
+
+def stopping_the_cluster(cluster) -> None:
+    from django.db import transaction
+
+    from deployments.apps import _cluster_stopping
+
+    with transaction.atomic():  # as clusters' stop sends it
+        _cluster_stopping(None, cluster)
+
+
+def test_a_cluster_stopped_in_the_middle_of_a_drain_leaves_the_machine_drained_with_its_replacement_in_its_place(
+        cluster, deployment, fakes):
+    old = worker_copy(deployment)
+    replacement = deployment.copy_rows.exclude(pk=old.pk).get()  # as if started by the drain, serving
+    row = moving(cluster, old, moved={str(old.pk): replacement.pk})
+
+    stopping_the_cluster(cluster)
+
+    row.refresh_from_db()
+    assert (row.state, row.state_reason) == (
+        DrainState.DRAINED, f"{cluster.name} stopped before {old.machine.name} was drained: nothing runs on it, and "
+                            "nothing is placed there when the cluster starts again.")
+    assert Job.objects.get(pk=row.job_id).cancel_requested
+    assert not Copy.objects.filter(pk=old.pk).exists()
+    assert list(deployment.copy_rows.values_list("pk", "state")) == [(replacement.pk, CopyState.STOPPED)]
+
+
+def test_a_copy_not_moved_yet_when_the_cluster_stops_is_placed_elsewhere_at_the_next_start_and_a_removal_becomes_a_drain(
+        cluster, deployment, fakes):
+    old = worker_copy(deployment)
+    row = moving(cluster, old, moved={}, remove=True)
+    drained = old.machine
+
+    stopping_the_cluster(cluster)
+    row.refresh_from_db()
+    assert (row.state, row.remove) == (DrainState.DRAINED, False)
+    assert row.state_reason.endswith("Remove from cluster takes it out now that the cluster is stopped.")
+    old.refresh_from_db()
+    assert (old.state, old.machine_id, old.slots) == (CopyState.STOPPED, None, [])
+
+    fakes.copies.clear()  # the runtime's stop ended the engines
+    serving.cluster_running(cluster)
+
+    placed = Copy.objects.get(pk=old.pk)
+    assert placed.state == CopyState.SERVING and placed.machine_id not in (None, drained.pk)
+
+
+def test_a_drain_being_stopped_when_the_cluster_stops_is_over_and_a_drained_machine_stays_drained(cluster, deployment):
+    old = worker_copy(deployment)
+    other = deployment.copy_rows.exclude(pk=old.pk).select_related("machine").get()
+    Drain.objects.create(machine=old.machine, cluster=cluster, state=DrainState.STOPPING)
+    Drain.objects.create(machine=other.machine, cluster=cluster, state=DrainState.DRAINED, state_reason="Drained.")
+
+    stopping_the_cluster(cluster)
+
+    assert list(Drain.objects.values_list("machine_id", "state", "state_reason")) == [
+        (other.machine_id, DrainState.DRAINED, "Drained.")]
