@@ -13,12 +13,20 @@ from rest_framework.response import Response
 from clusters.models import Cluster
 from console import api
 from deployments import asks, forms, pages, services
+from deployments.choices import ROUTING_REFUSAL, Routing
 from deployments.engine import OPTIONS_MAX
 from deployments.models import Copy, Deployment, StoredModel
 from deployments.selectors import deployments_list
 from deployments.store.services import model_add
 
 GPUS = {float(Fraction(q, 4)): q for q, _ in forms.GPU_CHOICES}
+ROUTING_HELP = ("How the gateway picks a copy for a request: least-busy (the fewest requests in flight) or cache-aware (the "
+                "copy that served the prompt's prefix lately, unless it is much busier); changed without restarting copies")
+
+
+def routing_field(**kwargs) -> serializers.ChoiceField:
+    return serializers.ChoiceField(choices=Routing.choices, help_text=ROUTING_HELP,
+                                   error_messages={"invalid_choice": ROUTING_REFUSAL}, **kwargs)
 
 
 class CopyRowSerializer(serializers.ModelSerializer):
@@ -48,7 +56,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
     class Meta:
         model = Deployment
         fields = ["id", "name", "cluster", "model", "model_id", "copies", "serving", "gpus_per_copy", "gpu_kind", "arch",
-                  "memory_per_gpu_mib", "context_length", "engine_options", "deleting", "created_at"]
+                  "memory_per_gpu_mib", "context_length", "engine_options", "routing", "deleting", "created_at"]
 
     def get_gpus_per_copy(self, deployment) -> float:
         return float(deployment.gpus)
@@ -83,6 +91,7 @@ class DeployAskSerializer(serializers.Serializer):
     memory_per_gpu_mib = serializers.IntegerField(min_value=1, required=False)
     context_length = serializers.IntegerField(min_value=16, required=False)
     engine_options = serializers.ListField(child=api.TextField(max_length=600), max_length=OPTIONS_MAX, default=list)
+    routing = routing_field(default=Routing.LEAST_BUSY)
     queue_rest = serializers.BooleanField(default=False, help_text="Deploy the copies that fit and queue the rest")
 
     def validate_gpus_per_copy(self, value: float) -> float:
@@ -119,6 +128,7 @@ class ChangeSerializer(serializers.Serializer):
     memory_per_gpu_mib = serializers.IntegerField(min_value=1, required=False)
     context_length = serializers.IntegerField(min_value=16, required=False)
     engine_options = serializers.ListField(child=api.TextField(max_length=600), max_length=OPTIONS_MAX, required=False)
+    routing = routing_field(required=False)
 
     def validate_gpus_per_copy(self, value: float) -> float:
         if value not in GPUS:
@@ -157,7 +167,7 @@ def ask_of_request(data: dict, user) -> services.DeployAsk:
             "gpu_quarters": GPUS[data["gpus_per_copy"]] if "gpus_per_copy" in data else suggestion.get("gpu_quarters", 4),
             "memory_per_gpu_mib": data.get("memory_per_gpu_mib") or suggestion.get("memory_per_gpu_mib") or 0,
             "context_length": data.get("context_length") or suggestion.get("context_length") or 0,
-            "engine_options": data["engine_options"]}
+            "engine_options": data["engine_options"], "routing": data["routing"]}
     try:
         return forms.ask_from(form, cluster=cluster, model=model)
     except ValidationError as exc:
@@ -207,7 +217,8 @@ class DeploymentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewse
     @extend_schema(request=ChangeSerializer, responses={202: DeploymentDetailSerializer})
     def partial_update(self, request, pk=None):
         """Change a deployment. ``copies`` alone starts or stops only the difference (the running copies are
-        untouched); any other field replaces the copies one at a time, each new one Serving before an old one stops."""
+        untouched), ``routing`` is the gateway's alone (nothing restarts); any other field replaces the copies one
+        at a time, each new one Serving before an old one stops."""
         deployment = self.get_object()
         data = ChangeSerializer(data=request.data)
         data.is_valid(raise_exception=True)

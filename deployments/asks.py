@@ -8,6 +8,7 @@ from django.conf import settings
 
 from clusters.models import Cluster
 from deployments import placement, placement_input
+from deployments.choices import Routing
 from deployments.models import Deployment, StoredModel
 
 
@@ -27,6 +28,7 @@ class DeployAsk:
     memory_per_gpu_mib: int
     context_length: int
     engine_options: tuple[str, ...] = ()
+    routing: str = Routing.LEAST_BUSY  # the gateway's choice of a copy: changed without replacing any
 
     @property
     def kind(self) -> placement.GpuKind:
@@ -51,5 +53,5 @@ def ask_of(deployment: Deployment, **changes) -> DeployAsk:
                   gpu_quarters=deployment.gpu_quarters, vendor=deployment.gpu_vendor, gpu_model=deployment.gpu_model,
                   gpu_memory_mib=deployment.gpu_memory_mib, arch=deployment.arch,
                   memory_per_gpu_mib=deployment.memory_per_gpu_mib, context_length=deployment.context_length,
-                  engine_options=tuple(deployment.engine_options))
+                  engine_options=tuple(deployment.engine_options), routing=deployment.routing)
     return DeployAsk(**(fields | changes))

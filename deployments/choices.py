@@ -1,4 +1,5 @@
-"""The life of a model in the server's store, and how each state looks."""
+"""The life of a model in the server's store, of a deployment's copies and of a drain, how each state looks; how the
+gateway routes a deployment's requests."""
 from django.db import models
 
 
@@ -92,3 +93,30 @@ DRAIN_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 DRAIN_BADGE = {_D.STARTING: "blue", _D.MOVING: "blue", _D.DRAINED: "amber", _D.LEAVING: "blue", _D.STOPPING: "blue"}
+
+
+class Routing(models.TextChoices):
+    """How the gateway picks a deployment's copy for a request (docs/gateway.md, *Cache-aware routing*)."""
+
+    LEAST_BUSY = "least-busy", "Least busy"  # the copy with the fewest requests in flight
+    # The copy that served the prompt's longest prefix lately (its engine holds it in its KV cache), unless it is
+    # busier than the least busy copy by more than FADEN_GATEWAY_PREFIX_BOUND requests in flight.
+    CACHE_AWARE = "cache-aware", "Cache-aware"
+
+
+ROUTING_HELP = {
+    Routing.LEAST_BUSY: "Each request goes to the copy with the fewest requests in flight.",
+    Routing.CACHE_AWARE: ("A request whose prompt starts like a recent one (the same system prompt, the same "
+                          "conversation) goes to the copy that served it, which holds that prefix in its cache, "
+                          "unless that copy is much busier than the others."),
+}
+
+
+ROUTING_REFUSAL = "Routing is least-busy or cache-aware, not '{input}'."  # the form's, the API's and the services' words
+
+
+def routing_refusal(value) -> str | None:
+    """Why ``value`` is not a routing, in words (None when it is one)."""
+    if value in Routing.values:
+        return None
+    return ROUTING_REFUSAL.format(input=str(value)[:40])

@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 
 from clusters.models import Cluster
 from deployments import engine
+from deployments.choices import Routing, routing_refusal
 from deployments.models import StoredModel
 from deployments.asks import DeployAsk
 
@@ -60,12 +61,15 @@ def ask_from(data, *, cluster: Cluster | None = None, model: StoredModel | None 
     copies = _whole(data, "copies", "The number of copies", errors, default=1)
     gpu_quarters = _whole(data, "gpu_quarters", "The GPUs per copy", errors, default=4)
     context_length = _whole(data, "context_length", "The context length", errors, default=0)
+    routing = data.get("routing") or Routing.LEAST_BUSY
+    if refusal := routing_refusal(routing):
+        errors["routing"] = refusal
     if errors:
         raise ValidationError(errors)
     return DeployAsk(
         cluster=cluster, model=model, name=str(data.get("name") or "").strip(), copies=copies, gpu_quarters=gpu_quarters,
         vendor=vendor, gpu_model=gpu_model, gpu_memory_mib=memory_mib, arch=arch, memory_per_gpu_mib=memory_per_gpu_mib,
-        context_length=context_length,
+        context_length=context_length, routing=routing,
         engine_options=tuple(engine.options_parse(options) if isinstance(options, str) else options))
 
 
@@ -78,8 +82,8 @@ def gib_shown(memory_mib: int) -> float:
 
 
 def change_ask_from(data, deployment) -> DeployAsk:
-    """What a deployment's Change form asks: its fields over what the deployment has now (its name and copies
-    stay: Scale changes those). GPU memory left as the form showed it keeps the deployment's own MiB, so a
+    """What a deployment's Change form asks: its fields over what the deployment has now (its name, copies and
+    routing stay: Scale and Routing on its page change those). GPU memory left as the form showed it keeps the deployment's own MiB, so a
     form sent back as it came changes nothing."""
     fields = {field: data.get(field) for field in CHANGE_FIELDS}
     try:
@@ -88,5 +92,5 @@ def change_ask_from(data, deployment) -> DeployAsk:
         unchanged = False
     if unchanged:
         fields |= {"memory_per_gpu_gib": None, "memory_per_gpu_mib": deployment.memory_per_gpu_mib}
-    return ask_from(fields | {"name": deployment.name, "copies": deployment.copies},
+    return ask_from(fields | {"name": deployment.name, "copies": deployment.copies, "routing": deployment.routing},
                     cluster=deployment.cluster, model=deployment.model)

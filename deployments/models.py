@@ -4,7 +4,7 @@ from fractions import Fraction
 from django.db import models
 from django.urls import reverse
 
-from deployments.choices import COPY_BADGE, DRAIN_BADGE, MODEL_BADGE, CopyState, DrainState, ModelState
+from deployments.choices import COPY_BADGE, DRAIN_BADGE, MODEL_BADGE, CopyState, DrainState, ModelState, Routing
 
 
 class StoredModel(models.Model):
@@ -98,7 +98,8 @@ class Deployment(models.Model):
 
     Every copy runs on one kind of GPU (vendor, model, memory) and one CPU architecture, with the same
     share of GPUs, GPU memory per GPU, context length and engine options. Changing any of those (not
-    the number of copies) bumps ``generation``: copies of an older generation are replaced one at a time.
+    the number of copies, nor the routing) bumps ``generation``: copies of an older generation are replaced one
+    at a time. ``routing`` is the gateway's alone: a change reaches it within a second and restarts nothing.
     """
 
     name = models.CharField(max_length=63, unique=True, help_text="The name clients use at the gateway")
@@ -113,6 +114,9 @@ class Deployment(models.Model):
     memory_per_gpu_mib = models.PositiveBigIntegerField(help_text="The GPU memory a copy may use on each of its GPUs")
     context_length = models.PositiveIntegerField(help_text="The longest request and answer, in tokens")
     engine_options = models.JSONField(default=list, blank=True, help_text="More options for the engine, as its flags")
+    routing = models.CharField(max_length=16, choices=Routing.choices, default=Routing.LEAST_BUSY, help_text=(
+        "How the gateway picks a copy for a request: the least busy, or the one holding the prompt's prefix in its "
+        "cache (changed without restarting any copy)"))
     generation = models.PositiveIntegerField(default=1)
     deleting_since = models.DateTimeField(null=True, blank=True, help_text="Delete was asked: its copies stop, then it goes")
     orphaned_at = models.DateTimeField(null=True, blank=True, help_text=(

@@ -10,12 +10,15 @@ from console import roles
 from console.offers import Offer
 from clusters.actions import DEPLOY
 from deployments import placement, placement_input, selectors, serving
-from deployments.choices import CopyState
+from deployments.choices import ROUTING_HELP, CopyState, Routing
 from deployments.gateway import traffic
 from deployments.models import Deployment
 
 
 # -- deployments ---------------------------------------------------------------------------------------
+
+# The routings the Deploy form and a deployment's Routing card offer: (value, label, what it does).
+ROUTINGS = [(routing.value, routing.label, ROUTING_HELP[routing]) for routing in Routing]
 
 
 def deployments_page(role: roles.Role | None, page_number: int | None = None) -> dict:
@@ -43,7 +46,7 @@ def deploy_form_page(*, cluster, model, role: roles.Role | None, values: dict | 
                    "copies": 1}
     return {
         "clusters": selectors.deploy_clusters(), "models": selectors.deploy_models(), "cluster": cluster, "model": model,
-        "suggestion": suggestion, "kinds": kinds, "gpu_choices": GPU_CHOICES,
+        "suggestion": suggestion, "kinds": kinds, "gpu_choices": GPU_CHOICES, "routings": ROUTINGS,
         "values": initial | {k: v for k, v in (values or {}).items() if v not in (None, "")},
         "deploy": DEPLOY.offer(role), "role": role,
     }
@@ -74,7 +77,7 @@ def deployment_page(deployment, role: roles.Role | None) -> dict:
     return {
         "deployment": deployment, "copies": copies, "serving": sum(1 for c in copies if c.state == CopyState.SERVING),
         "job": serving.active_job(deployment), "jobs": selectors.deployment_jobs(deployment),
-        "gpus_per_copy": deployment.gpus_label, "deploy": DEPLOY.offer(role), "role": role,
+        "gpus_per_copy": deployment.gpus_label, "deploy": DEPLOY.offer(role), "role": role, "routings": ROUTINGS,
     }
 
 

@@ -1,4 +1,4 @@
-"""Every write on deployments: plan, deploy, scale, change, delete. Models are written in
+"""Every write on deployments: plan, deploy, scale, change, route, delete. Models are written in
 ``store/services.py``, the gateway's keys in ``gateway_keys.py``."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from console.audit import audit_record
 from console.choices import AuditOutcome
 from deployments import actions, engine, placement, placement_input, rollout, serving
 from deployments.asks import DeployAsk, ask_of, port_range, slot_json
-from deployments.choices import CopyState, ModelState
+from deployments.choices import CopyState, ModelState, routing_refusal
 from deployments.models import Copy, Deployment, StoredModel
 from deployments.store import disk
 
@@ -61,6 +61,8 @@ def deployment_ask_problems(ask: DeployAsk, *, deployment: Deployment | None = N
             list(ask.engine_options), administrator=DECIDE_ENGINE_OPTIONS.offer(roles.acting(user)).ok,
             kept=deployment.engine_options if deployment is not None else ()):
         problems["engine_options"] = problem
+    if refusal := routing_refusal(ask.routing):
+        problems["routing"] = refusal
     return problems
 
 
@@ -106,7 +108,7 @@ def deployment_create(*, ask: DeployAsk, queue_rest: bool = False, user=None) ->
         deployment = Deployment.objects.create(
             name=ask.name, cluster=cluster, model=ask.model, copies=ask.copies, gpu_quarters=ask.gpu_quarters,
             gpu_vendor=ask.vendor, gpu_model=ask.gpu_model, gpu_memory_mib=ask.gpu_memory_mib, arch=ask.arch,
-            memory_per_gpu_mib=ask.memory_per_gpu_mib, context_length=ask.context_length,
+            memory_per_gpu_mib=ask.memory_per_gpu_mib, context_length=ask.context_length, routing=ask.routing,
             engine_options=list(ask.engine_options), created_by=user if user is not None and user.is_authenticated else None)
         rollout.copies_record(deployment, plan, first=1)
         serving.apply_start(deployment, user=user)
@@ -202,9 +204,9 @@ def deployment_change_plan(*, deployment: Deployment, ask: DeployAsk) -> list[tu
 
 
 def deployment_change(*, deployment: Deployment, ask: DeployAsk, user=None) -> Deployment:
-    """Change a deployment: a new number of copies starts or stops only the difference; any other change
-    (model, name, GPUs, memory, context, options) replaces its copies one at a time, each new copy Serving
-    before an old one stops (``rollout.roll``)."""
+    """Change a deployment: a new number of copies starts or stops only the difference, a new routing is the
+    gateway's alone (no copy restarts); any other change (model, name, GPUs, memory, context, options) replaces
+    its copies one at a time, each new copy Serving before an old one stops (``rollout.roll``)."""
     DEPLOY.offer(roles.acting(user)).check()
     if ask.cluster.pk != deployment.cluster_id:
         raise ValidationError({"cluster": "A deployment stays on its cluster: deploy the model on the other one."})
@@ -219,9 +221,28 @@ def deployment_change(*, deployment: Deployment, ask: DeployAsk, user=None) -> D
             Deployment.objects.filter(pk=current.pk).update(generation=current.generation + 1, **changes)
             serving.apply_start(current, user=user)
             _audit_decided(current, ask.engine_options, kept=current.engine_options, user=user)
+        if ask.routing != current.routing:
+            Deployment.objects.filter(pk=current.pk).update(routing=ask.routing)
     if ask.copies != current.copies:
         deployment_scale(deployment=Deployment.objects.get(pk=current.pk), copies=ask.copies, user=user)
     current = Deployment.objects.get(pk=current.pk)
+    serving.deployment_changed(current)
+    return current
+
+
+def deployment_route(*, deployment: Deployment, routing: str, user=None) -> Deployment:
+    """How the gateway picks the deployment's copy for a request (``choices.Routing``): its processes read it
+    within FADEN_GATEWAY_REFRESH seconds; no copy restarts."""
+    DEPLOY.offer(roles.acting(user)).check()
+    if refusal := routing_refusal(routing):
+        raise ValidationError({"routing": refusal})
+    with transaction.atomic():
+        current = Deployment.objects.select_for_update(no_key=True).get(pk=deployment.pk)
+        if current.deleting_since:
+            raise ValidationError(f"{current.name} is being deleted.")
+        if current.routing != routing:
+            Deployment.objects.filter(pk=current.pk).update(routing=routing)
+            current.routing = routing
     serving.deployment_changed(current)
     return current
 

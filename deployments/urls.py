@@ -17,6 +17,7 @@ urlpatterns = [
     path("<int:pk>/change/", views.deployment_change, name="change"),
     path("<int:pk>/change/plan/", views.deployment_change_plan, name="change-plan"),
     path("<int:pk>/scale/", views.deployment_scale, name="scale"),
+    path("<int:pk>/routing/", views.deployment_routing, name="routing"),
     path("<int:pk>/delete/", views.deployment_delete, name="delete"),
     path("clusters/<int:pk>/model-source/", cluster_model_source, name="model-source"),
     path("clusters/<int:pk>/orphans/look/", orphan_views.cluster_orphans_look, name="orphans-look"),

@@ -1,5 +1,5 @@
 """The Deployments pages: the list, Deploy a model (with its plan before anything starts), a deployment's
-page, and its buttons (scale, delete). Views read the request, call a service (which checks the role:
+page, and its buttons (scale, routing, delete). Views read the request, call a service (which checks the role:
 PermissionDenied is a 403) and render what pages.py gives them."""
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -19,7 +19,7 @@ from deployments.models import Deployment, StoredModel
 from deployments.store.services import model_add
 
 POLL_STOP = 286  # htmx's status for "stop polling"
-FORM_FIELDS = ("name", "copies", "kind", "gpu_quarters", "memory_per_gpu_gib", "context_length", "engine_options")
+FORM_FIELDS = ("name", "copies", "kind", "gpu_quarters", "memory_per_gpu_gib", "context_length", "engine_options", "routing")
 
 
 def deployment_list(request):
@@ -198,6 +198,21 @@ def deployment_scale(request, pk: int):
     else:
         messages.success(request, f"{deployment.name} now wants {copies} cop{'ies' if copies != 1 else 'y'}: only the "
                                   "difference starts or stops.")
+    return redirect(deployment)
+
+
+@require_POST
+def deployment_routing(request, pk: int):
+    """How the gateway picks a copy: changed at once, no copy restarts."""
+    deployment = get_object_or_404(Deployment.objects.shown(), pk=pk)
+    try:
+        deployment = services.deployment_route(deployment=deployment, routing=request.POST.get("routing", ""),
+                                               user=request.user)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"{deployment.name} is routed {deployment.get_routing_display().lower()} now: the "
+                                  "gateway takes it within a second, and no copy restarts.")
     return redirect(deployment)
 
 

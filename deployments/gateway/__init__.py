@@ -2,12 +2,13 @@
 
 A process of its own (``config/gateway_asgi.py``, started by ``faden serve`` on FADEN_GATEWAY_PORT),
 not Django's request stack: a plain ASGI application under uvicorn that holds its routes and keys in
-memory and forwards each request to the copy with the fewest requests in flight (``app.py``). The
-modules, each for one thing:
+memory and forwards each request to the copy with the fewest requests in flight, or to the one holding
+the prompt's prefix in its cache (``app.py``). The modules, each for one thing:
 
 - ``keys.py``: what a key looks like and how it is hashed (the console's services and the gateway alike);
 - ``routes.py``: the route and key tables, read from the database in a thread every half second, and
   the choice of a copy;
+- ``prefix.py``: cache-aware routing, the prefix index (which copy served a prompt's prefix lately);
 - ``traffic.py``: requests, errors and latency per deployment, counted in memory and added up in Redis
   every second; ``traffic()`` is what the pages read;
 - ``failures.py``: a copy that refused a connection, reported on a Redis list the console's health

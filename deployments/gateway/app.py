@@ -4,7 +4,8 @@
 ``/v1/embeddings``, with ``Authorization: Bearer <key>``; ``GET /health`` (no key) for load balancers.
 
 A request's ``model`` names a deployment (names are unique across the console). It goes to the copy
-with the fewest requests in flight in this process (ties take turns), over keep-alive connections
+with the fewest requests in flight in this process (ties take turns), or for a deployment routed cache-aware to
+the copy that served the prompt's prefix (``routes.py``, ``prefix.py``), over keep-alive connections
 (``upstream.py``; no read timeout on streams). The answer's status, headers and body are passed on as they
 come, chunk by chunk, without buffering. A copy that refuses the connection (or does not accept it
 within FADEN_GATEWAY_CONNECT_TIMEOUT) has not seen the body, so the request goes to another copy; that
@@ -172,6 +173,7 @@ class Gateway:
                                code="model_not_allowed", param="model")
             return
         stream = request.get("stream") is True
+        keys = route.prompt_keys(request)  # None unless the deployment is routed cache-aware
         # From here on, a client that goes away cancels the request: the copy's connection is closed, so
         # it stops generating for nobody (and a request waiting for its answer does not keep a slot).
         task = asyncio.current_task()
@@ -179,7 +181,7 @@ class Gateway:
         watcher = asyncio.ensure_future(_watch_disconnect(receive, task, state))
         error = True
         try:
-            error = await self._send_to_a_copy(scope, receive, send, route, body, stream)
+            error = await self._send_to_a_copy(scope, receive, send, route, body, stream, keys)
         except asyncio.CancelledError:
             if not state["gone"]:
                 raise
@@ -190,7 +192,8 @@ class Gateway:
             watcher.cancel()
             self.background.counts.record(route.id, seconds=time.perf_counter() - started, error=error)
 
-    async def _send_to_a_copy(self, scope, receive, send, route: DeploymentRoute, body: bytes, stream: bool) -> bool:
+    async def _send_to_a_copy(self, scope, receive, send, route: DeploymentRoute, body: bytes, stream: bool,
+                              keys: list[int] | None = None) -> bool:
         """Forward to the least busy copy, and to the next one while copies refuse the connection (or, once, to
         another when a copy closed the connection before it answered); True for an error."""
         headers = [(name, value) for name, value in scope["headers"] if name in PASSED_UP]
@@ -199,7 +202,7 @@ class Gateway:
         tried: set[int] = set()
         refused: list[str] = []
         broke: list[str] = []  # copies that took the request and closed the connection without an answer
-        while (copy := route.pick(tried)) is not None:
+        while (copy := route.pick(tried, keys)) is not None:
             tried.add(copy.id)
             copy.in_flight += 1
             try:

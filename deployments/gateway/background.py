@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from deployments.gateway import failures, traffic, upstream
+from deployments.gateway.prefix import DEFAULT_BLOCK, DEFAULT_BOUND, DEFAULT_ENTRIES, CacheAware
 from deployments.gateway.routes import CopyRoute, DeploymentRoute, RouteTable, Snapshot, snapshot_load
 
 log = logging.getLogger("fadenstack.gateway")
@@ -41,6 +42,9 @@ class GatewayConfig:
     connect_timeout: float = 2.0
     read_timeout: float = 600.0  # a non-streamed answer; a stream waits as long as the copy takes
     max_body: int = 32 * 1024 * 1024
+    prefix_entries: int = DEFAULT_ENTRIES  # cache-aware routing: keys of prompts' prefixes kept (prefix.py)
+    prefix_bound: int = DEFAULT_BOUND  # requests in flight a copy holding a prefix may have above the least busy
+    prefix_block: int = DEFAULT_BLOCK  # characters a block of a prompt
 
     @classmethod
     def from_settings(cls) -> GatewayConfig:
@@ -49,7 +53,8 @@ class GatewayConfig:
         return cls(redis_url=settings.REDIS_URL, prefix=settings.FADEN_GATEWAY_REDIS_PREFIX,
                    refresh_every=settings.FADEN_GATEWAY_REFRESH, probe_every=settings.FADEN_GATEWAY_PROBE,
                    connect_timeout=settings.FADEN_GATEWAY_CONNECT_TIMEOUT, read_timeout=settings.FADEN_GATEWAY_READ_TIMEOUT,
-                   max_body=settings.FADEN_GATEWAY_MAX_BODY)
+                   max_body=settings.FADEN_GATEWAY_MAX_BODY, prefix_entries=settings.FADEN_GATEWAY_PREFIX_ENTRIES,
+                   prefix_bound=settings.FADEN_GATEWAY_PREFIX_BOUND, prefix_block=settings.FADEN_GATEWAY_PREFIX_BLOCK)
 
 
 class BackgroundWork:
@@ -59,7 +64,8 @@ class BackgroundWork:
     def __init__(self, config: GatewayConfig, *, load=snapshot_load):
         self.config = config
         self.load = load
-        self.table = RouteTable()
+        self.table = RouteTable(CacheAware(entries=config.prefix_entries, bound=config.prefix_bound,
+                                           block=config.prefix_block))
         self.counts = traffic.Counts()
         self.reports: list[dict] = []  # failure reports not yet written to Redis
         self.keys_used: dict[int, float] = {}  # key id -> when last used, since the last refresh

@@ -8,13 +8,17 @@ FADEN_GATEWAY_REFRESH seconds in a thread of its own and hands a changed snapsho
 A copy's route keeps its requests in flight and its place in or out of rotation across refreshes,
 for as long as the copy keeps its address, port and serving time: a copy started again (a new
 ``serving_since``) or moved comes back into rotation with a clean slate.
+
+A deployment's ``routing`` says how ``DeploymentRoute.pick`` chooses: the least busy copy, or (cache-aware) the
+copy that served the prompt's prefix, through the table's one ``prefix.CacheAware`` (its index outlives refreshes).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from deployments.choices import ROUTED
+from deployments.choices import ROUTED, Routing
+from deployments.gateway.prefix import CacheAware
 
 
 @dataclass(eq=False)
@@ -62,8 +66,22 @@ class DeploymentRoute:
     created: int = 0  # when the deployment was made, in Unix seconds (OpenAI's model "created")
     copies: list[CopyRoute] = field(default_factory=list)
     turn: int = 0  # where the next look starts, so that copies tied on requests in flight take turns
+    routing: str = Routing.LEAST_BUSY
+    cache: CacheAware | None = None  # the table's, when the deployment is routed cache-aware
 
-    def pick(self, tried: set[int] | tuple = ()) -> CopyRoute | None:
+    def prompt_keys(self, request: dict) -> list[int] | None:
+        """The keys of the request's prompt when the deployment is routed cache-aware; None when it is not."""
+        return None if self.cache is None else self.cache.keys(self.id, request)
+
+    def pick(self, tried: set[int] | tuple = (), keys: list[int] | None = None) -> CopyRoute | None:
+        """Where the request goes, not among ``tried``: with the prompt's ``keys`` (cache-aware), the copy that
+        served its prefix unless that copy is over the load bound; else the least busy copy."""
+        least = self.least_busy(tried)
+        if keys and least is not None and self.cache is not None:
+            return self.cache.choose(self.copies, keys, least, tried)
+        return least
+
+    def least_busy(self, tried: set[int] | tuple = ()) -> CopyRoute | None:
         """The copy in rotation with the fewest requests in flight, not among ``tried``; ties rotate."""
         copies = self.copies
         count = len(copies)
@@ -109,6 +127,7 @@ class Snapshot:
     keys: tuple[tuple[str, int, tuple[str, ...], bool], ...]  # (sha256, key id, limited to names or (), revoked)
     copy_keys: tuple[tuple[int, str], ...] = ()  # (copy id, the copy's own key) for copies that have one
     copy_tls: tuple[int, ...] = ()  # the copies that serve mutual TLS
+    routing: tuple[tuple[int, str], ...] = ()  # (deployment id, routing) of the deployments not routed least busy
 
 
 def copy_url(address: str, port: int, *, tls: bool = False) -> str:
@@ -120,8 +139,9 @@ def snapshot_load() -> Snapshot:
     """The deployments, their serving copies and the keys: three queries, whatever the size."""
     from deployments.models import Copy, Deployment, GatewayKey
 
-    deployments = tuple((name, pk, int(created.timestamp())) for name, pk, created in
-                        Deployment.objects.order_by("name").values_list("name", "id", "created_at"))
+    rows = list(Deployment.objects.order_by("name").values_list("name", "id", "created_at", "routing"))
+    deployments = tuple((name, pk, int(created.timestamp())) for name, pk, created, _ in rows)
+    routing = tuple((pk, how) for _, pk, _, how in rows if how != Routing.LEAST_BUSY)
     copies = tuple(
         (pk, deployment, number, address, port, since.isoformat() if since else "")
         for pk, deployment, number, address, port, since in Copy.objects.filter(
@@ -136,7 +156,8 @@ def snapshot_load() -> Snapshot:
         for pk, digest, names, revoked in GatewayKey.objects.order_by("pk").values_list(
             "id", "key_hash", "deployments", "revoked_at")
     )
-    return Snapshot(deployments=deployments, copies=copies, keys=keys, copy_keys=copy_keys, copy_tls=copy_tls)
+    return Snapshot(deployments=deployments, copies=copies, keys=keys, copy_keys=copy_keys, copy_tls=copy_tls,
+                    routing=routing)
 
 
 _unsealed: dict[tuple[int, str], str | None] = {}  # (copy id, sealed) -> key: unsealed once, not every refresh
@@ -155,7 +176,8 @@ def _copy_keys(rows) -> tuple[tuple[int, str], ...]:
 class RouteTable:
     """The deployments by name with their copies, and the keys by their sha256. Used on the event loop only."""
 
-    def __init__(self):
+    def __init__(self, cache: CacheAware | None = None):
+        self.cache = cache if cache is not None else CacheAware()  # the process's prefix index, for every deployment
         self.deployments: dict[str, DeploymentRoute] = {}
         self.keys: dict[str, KeyEntry] = {}
         self.copies: dict[int, CopyRoute] = {}
@@ -168,7 +190,12 @@ class RouteTable:
         if snapshot == self.snapshot:
             return {"added": [], "removed": []}
         names = {pk: name for name, pk, _ in snapshot.deployments}
-        deployments = {name: DeploymentRoute(id=pk, name=name, created=created) for name, pk, created in snapshot.deployments}
+        routing = dict(snapshot.routing)
+        deployments = {name: DeploymentRoute(id=pk, name=name, created=created, routing=routing.get(pk, Routing.LEAST_BUSY))
+                       for name, pk, created in snapshot.deployments}
+        for route in deployments.values():
+            if route.routing == Routing.CACHE_AWARE:
+                route.cache = self.cache
         copies: dict[int, CopyRoute] = {}
         copy_keys = dict(snapshot.copy_keys)
         copy_tls = frozenset(snapshot.copy_tls)
