@@ -86,7 +86,7 @@ def agent_config(machine: str, runtime: str, spec: LabSpec) -> dict:
     the environment the lab runs from (`.venv/bin/faden lab up`), which the machines see at the same path,
     and the lab's engine (the stub `vllm`, which the runtime image carries as /usr/local/bin/vllm) and
     all-reduce (the stub `all_reduce_perf`, the NCCL test's program, which mpirun starts on every node).
-    ``engine_env`` reaches every copy's engine: the spec's `[engine]` pace."""
+    ``engine_env`` reaches every copy's engine: the spec's `[engine]` paces and prefix cache."""
     config = {"machine_name": machine,
               "podman": {"gpus": "none"},  # the lab's nvidia-smi is a stand-in: no GPU to hand over
               "process": {"ray": os.path.join(sys.prefix, "bin", "ray"),

@@ -9,7 +9,9 @@ An optional ``[hub]`` table (rate_mbit, port) shapes the lab hub, a host of
 its own at .250 on the management network (``lab/hub_host.py``). An optional
 ``[engine]`` table sets the lab's inference engine (``lab/stubs/vllm``):
 ``tokens_per_second``, the pace of each request's tokens, standing for a GPU's
-decode time; it reaches the machines' engines through their agent config.
+decode time; ``prefill_tokens_per_second``, the pace of a prompt's prefill (0:
+none), and ``prefix_cache_tokens``, what its prefix cache holds (vLLM's
+automatic prefix caching); they reach the machines' engines through their agent config.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ MACHINE_KEYS = {
 }
 ACCELERATOR_KEYS = {"vendor", "model", "count", "memory_mib"}
 HUB_KEYS = {"rate_mbit", "port"}
-ENGINE_KEYS = {"tokens_per_second"}
+ENGINE_KEYS = {"tokens_per_second", "prefill_tokens_per_second", "prefix_cache_tokens"}
 
 
 # A machine's container runtime: Podman as on a real machine, or `process` (Ray from the lab's own
@@ -149,13 +151,23 @@ class HubSpec:
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """The lab's inference engine: how fast each request's tokens come (per request, not per machine)."""
+    """The lab's inference engine: how fast each request's tokens come (per request, not per machine), how fast a
+    copy prefills prompts (0: it takes no time) and how many tokens its prefix cache holds (None: the engine's own
+    default, 100,000)."""
 
     tokens_per_second: float = DEFAULT_ENGINE_PACE
+    prefill_tokens_per_second: float = 0
+    prefix_cache_tokens: int | None = None
 
     def environment(self) -> dict[str, str]:
-        """What every copy's engine gets (the machines' agent config ``engine_env``)."""
-        return {"FADEN_LAB_ENGINE_PACE": f"{self.tokens_per_second:g}"}
+        """What every copy's engine gets (the machines' agent config ``engine_env``): the prefill's pace and the
+        cache's size only when the spec sets them."""
+        env = {"FADEN_LAB_ENGINE_PACE": f"{self.tokens_per_second:g}"}
+        if self.prefill_tokens_per_second:
+            env["FADEN_LAB_ENGINE_PREFILL"] = f"{self.prefill_tokens_per_second:g}"
+        if self.prefix_cache_tokens is not None:
+            env["FADEN_LAB_ENGINE_PREFIX_CACHE"] = str(self.prefix_cache_tokens)
+        return env
 
 
 @dataclass(frozen=True)
@@ -295,7 +307,14 @@ def _parse_engine(item, fail) -> EngineSpec:
     pace = item.get("tokens_per_second", DEFAULT_ENGINE_PACE)
     if isinstance(pace, bool) or not isinstance(pace, (int, float)) or not 0 < pace <= 1_000_000:
         raise fail("[engine]: tokens_per_second must be a number of tokens per second (0 < pace <= 1000000)")
-    return EngineSpec(tokens_per_second=pace)
+    prefill = item.get("prefill_tokens_per_second", 0)
+    if isinstance(prefill, bool) or not isinstance(prefill, (int, float)) or not 0 <= prefill <= 1_000_000_000:
+        raise fail("[engine]: prefill_tokens_per_second must be a number of prompt tokens per second "
+                   "(0, no time, to 1000000000)")
+    cache = item.get("prefix_cache_tokens")
+    if cache is not None and (isinstance(cache, bool) or not isinstance(cache, int) or not 0 <= cache <= 1_000_000_000):
+        raise fail("[engine]: prefix_cache_tokens must be a whole number of tokens (0 to 1000000000)")
+    return EngineSpec(tokens_per_second=pace, prefill_tokens_per_second=prefill, prefix_cache_tokens=cache)
 
 
 def _parse_hub(item, fail) -> HubSpec:
