@@ -99,9 +99,11 @@ class PrefixIndex:
         """The prompt's prefixes were sent to ``copy_id``: their keys name it and are the newest (the shortest
         newest of all: it is the most shared); the oldest keys go past ``entries``."""
         copies = self.copies
+        held = copies.get
         newest = copies.move_to_end
         for key in reversed(keys):
-            copies[key] = copy_id
+            if held(key) != copy_id:  # setting an OrderedDict's item costs more than looking at it
+                copies[key] = copy_id
             newest(key)
         for _ in range(len(copies) - self.entries):
             copies.popitem(last=False)
