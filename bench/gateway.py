@@ -6,6 +6,7 @@
     .venv/bin/python bench/gateway.py --engine-url http://127.0.0.1:8100 --model llama   # an engine already running
     .venv/bin/python bench/gateway.py --tokens 64 --pause 0.005 --json out.json
     .venv/bin/python bench/gateway.py --tls                            # mutual TLS to the copy against plain
+    .venv/bin/python bench/gateway.py --workload shared-prefix         # cache-aware routing against least busy
 
 It makes a console of its own (SQLite in a temporary directory, Redis at REDIS_URL under a prefix of
 its own), records one deployment whose one serving copy is the engine, and a key; starts the gateway as
@@ -29,6 +30,8 @@ The engine answers ``--tokens`` words (16), ``--pause`` seconds apart when strea
 can, the gateway's share at its largest). ``--engine lab`` runs ``lab/stubs/vllm`` on a tiny model it
 writes (its pace ``--pace`` tokens per second per request; ``--lab-stub`` names the file when it is
 elsewhere). Every loop is bounded by --requests and --seconds; everything started is stopped at the end.
+
+``--workload shared-prefix`` measures cache-aware routing against least busy instead (bench/shared_prefix.py).
 """
 from __future__ import annotations
 
@@ -49,6 +52,8 @@ import uuid
 from pathlib import Path
 
 import psutil
+
+import shared_prefix  # bench/shared_prefix.py, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -428,6 +433,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per run at most")
     parser.add_argument("--json", help="write the figures to this file too")
     parser.add_argument("--tls", action="store_true", help="mutual TLS to the copy against plain, through the gateway")
+    parser.add_argument("--workload", choices=["overhead", "shared-prefix"], default="overhead",
+                        help="the gateway's overhead against the engine (the default), or cache-aware routing against "
+                             "least busy on conversations sharing long prefixes (bench/shared_prefix.py)")
+    shared_prefix.add_arguments(parser)
     args = parser.parse_args()
     if args.tls and (args.engine != "builtin" or args.engine_url):
         parser.error("--tls runs the builtin engine twice (plain and behind TLS): leave out --engine and --engine-url")
@@ -439,6 +448,9 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
+    if args.workload == "shared-prefix":
+        shared_prefix.run(args, sys.modules[__name__])
+        return
     work = Path(tempfile.mkdtemp(prefix="fadenstack-bench-gateway-"))
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/9")
     prefix = f"bench-gateway-{uuid.uuid4().hex[:8]}"
