@@ -4,8 +4,8 @@ prompts share long prefixes, through the gateway to the lab's engines on loopbac
 Two deployments of ``--copies`` copies each, every copy a ``lab/stubs/vllm`` of its own (the vLLM stand-in with its
 prefix cache: prefill at ``--prefill`` prompt tokens per second, one at a time per copy, a cache of
 ``--cache-tokens`` tokens; decode at ``--decode`` tokens per second per request): ``bench`` routed least busy,
-``bench-cache`` cache-aware. ``--conversations`` conversations at once, each a system prompt of its own of
-``--system-tokens`` tokens and ``--turns`` turns sent back to back (each turn's messages are the whole conversation
+``bench-cache`` cache-aware. ``--conversations`` conversations at once, each a system prompt of
+``--system-tokens`` tokens (its own, or one of ``--system-prompts`` they share) and ``--turns`` turns sent back to back (each turn's messages are the whole conversation
 so far, the answers ``--answer-tokens`` long, streamed), on one deployment, then the same on the other; ``--rounds``
 rounds alternate which goes first, each with system prompts no engine has seen. It reports for each routing:
 time to first token p50 and p99, requests per second, each copy's share of the requests (its highest against the
@@ -39,12 +39,19 @@ WORDS = ("river stone garden window harbour lantern meadow ribbon summer winter 
          "rapid steady careful simple clear open green blue amber silver golden early late near far").split()
 
 
+ARGUMENTS = ("conversations", "turns", "copies", "system_tokens", "system_prompts", "answer_tokens", "prefill", "decode",
+             "cache_tokens", "bound", "rounds")
+
+
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("--workload shared-prefix")
     group.add_argument("--conversations", type=int, default=32)
     group.add_argument("--turns", type=int, default=8)
     group.add_argument("--copies", type=int, default=4, help="copies of each deployment (an engine each)")
     group.add_argument("--system-tokens", type=int, default=2000, help="tokens of each conversation's system prompt")
+    group.add_argument("--system-prompts", type=int, default=None,
+                       help="system prompts the conversations share (conversation n has prompt n modulo this); "
+                            "the default: one each")
     group.add_argument("--answer-tokens", type=int, default=32)
     group.add_argument("--prefill", type=float, default=20000, help="prompt tokens per second a copy prefills")
     group.add_argument("--decode", type=float, default=200, help="answer tokens per second per request")
@@ -131,7 +138,7 @@ async def conversations(url: str, secret: str, model: str, args, seed: str) -> d
     results: list[tuple[int, float, float]] = []
 
     async def one(number: int) -> None:
-        system = system_prompt(f"{seed}-{number}", args.system_tokens)
+        system = system_prompt(f"{seed}-{number % (args.system_prompts or args.conversations)}", args.system_tokens)
         connection = base.Connection(host, int(port))
         await connection.open()
         try:
@@ -208,7 +215,7 @@ def report(results: dict, args) -> dict:
     lines = [f"Machine: {platform.machine()}, {psutil.cpu_count()} CPUs, Python {platform.python_version()}, load average "
              f"{os.getloadavg()[0]:.1f}",
              f"Workload: {args.conversations} conversations of {args.turns} turns at once, {args.system_tokens:,}-token system "
-             f"prompts (one each), {args.answer_tokens}-token streamed answers, {args.rounds} round(s); {args.copies} copies "
+             f"prompts ({f'{args.system_prompts} shared' if args.system_prompts else 'one each'}), {args.answer_tokens}-token streamed answers, {args.rounds} round(s); {args.copies} copies "
              f"per deployment, each a lab engine prefilling {args.prefill:g} tokens/s with a {args.cache_tokens:,}-token "
              f"prefix cache, decoding {args.decode:g} tokens/s per request",
              "",
@@ -259,8 +266,7 @@ def run(args, gateway_bench) -> None:
         summary = report(results, args)
         if args.json:
             Path(args.json).write_text(json.dumps({"workload": "shared-prefix", "arguments": {
-                k: v for k, v in vars(args).items() if isinstance(v, (int, float, str)) or v is None}, "summary": summary},
-                indent=2))
+                name: getattr(args, name) for name in ARGUMENTS}, "summary": summary}, indent=2))
     finally:
         for process in reversed(started):
             if process.poll() is None:
