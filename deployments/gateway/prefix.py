@@ -121,8 +121,12 @@ class CacheAware:
         self.sent = {"held": 0, "busy": 0, "new": 0}
 
     def keys(self, deployment_id: int, request: dict) -> list[int] | None:
-        """The keys of the request's prompt in that deployment (None or empty: shorter than a block, or no prompt)."""
-        text = prompt_text(request)
+        """The keys of the request's prompt in that deployment (None or empty: shorter than a block, or no prompt;
+        a prompt that cannot be read as text, nested past Python's recursion limit, is routed least busy)."""
+        try:
+            text = prompt_text(request)
+        except (RecursionError, TypeError, ValueError):
+            return None
         return prefix_keys(deployment_id, text, self.block) if text else None
 
     def choose(self, copies: list[CopyRoute], keys: list[int], least: CopyRoute, tried) -> CopyRoute:

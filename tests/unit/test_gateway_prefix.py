@@ -68,6 +68,10 @@ def test_the_prompt_is_a_chats_messages_or_a_completions_prompt_and_nothing_for_
     assert prompt_text({"prompt": [1, 2, 3]}) == "[1, 2, 3]"
     assert prompt_text({"input": "a sentence"}) is None
     assert cache_aware(1).prompt_keys({"input": "a sentence"}) is None
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert cache_aware(1).prompt_keys({"messages": [{"role": "user", "content": deep}]}) is None, "least busy, no error"
 
 
 # -- the index ----------------------------------------------------------------------------------------------
