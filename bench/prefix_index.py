@@ -6,11 +6,14 @@ request spends on it (deployments/gateway/prefix.py).
     .venv/bin/python bench/prefix_index.py --entries 1000000 --requests 300000 --json out.json
 
 Memory: ``--requests`` chat requests routed through one ``CacheAware`` (4 copies), as conversations of
-``--turns`` turns over ``--system-prompts`` system prompts of ``--system-tokens`` tokens (about 4 characters a
-token); the index's live bytes by tracemalloc (traced from the start: the run is slower so) and the process's
-resident memory before and after. Time (CPU time of this process): one 2,000-token chat's keys (``prompt_text`` and the hash chain) and its
-choice of a copy, each taken ``--repeat`` times, against ``json.loads`` of the same body (which every request pays
-anyway) and a least-busy pick.
+``--turns`` turns over ``--system-prompts`` system prompts of ``--system-tokens`` tokens; then the index's bytes
+as Python counts them (``sys.getsizeof`` of the OrderedDict, which includes its hash table, its order's nodes
+and their index, and of each key), the process's resident memory before and after, and with ``--trace`` the
+bytes tracemalloc saw allocated and still live (traced from the start: several times slower).
+
+Time (this process's CPU time, not the wall clock: the machine is shared): one 2,000-token chat's keys
+(``prompt_text`` and the hash chain) and its choice of a copy, each taken ``--repeat`` times, against
+``json.loads`` of the same body (which every request pays anyway) and a least-busy pick.
 """
 from __future__ import annotations
 
@@ -91,8 +94,11 @@ def memory(args) -> dict:
     if args.trace:
         tracemalloc.stop()
     rss_after = process.memory_info().rss
-    return {"requests": args.requests, "entries_setting": args.entries, "keys": len(cache.index),
-            "index_bytes": traced, "bytes_per_key": traced / len(cache.index) if traced else None,
+    table = cache.index.copies
+    # The values are the copies' ids, ints the routes hold anyway.
+    counted = sys.getsizeof(table) + sum(sys.getsizeof(key) for key in table)
+    return {"requests": args.requests, "entries_setting": args.entries, "keys": len(table),
+            "index_bytes": counted, "bytes_per_key": counted / len(table), "traced_bytes": traced,
             "rss_growth_bytes": rss_after - rss_before, "sent": dict(cache.sent),
             "seconds": time.perf_counter() - started}
 
@@ -138,7 +144,7 @@ def main() -> None:
     parser.add_argument("--system-tokens", type=int, default=2000)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=2000, help="calls per timing round")
-    parser.add_argument("--no-trace", dest="trace", action="store_false", help="resident memory only (faster)")
+    parser.add_argument("--trace", action="store_true", help="tracemalloc's count too (several times slower)")
     parser.add_argument("--json", help="write the figures to this file too")
     args = parser.parse_args()
 
@@ -151,12 +157,11 @@ def main() -> None:
     print(f"Routing {args.requests:,} requests (conversations of {args.turns} turns over {args.system_prompts:,} "
           f"system prompts of {args.system_tokens:,} tokens) through an index of {args.entries:,} keys…")
     held = memory(args)
-    if held["index_bytes"] is not None:
-        print(f"After {held['requests']:,} requests: {held['keys']:,} keys, {held['index_bytes'] / 1e6:.1f} MB live "
-              f"({held['bytes_per_key']:.0f} bytes a key); the process grew {held['rss_growth_bytes'] / 1e6:.1f} MB")
-    else:
-        print(f"After {held['requests']:,} requests: {held['keys']:,} keys; the process grew "
-              f"{held['rss_growth_bytes'] / 1e6:.1f} MB")
+    traced = (f", {held['traced_bytes'] / 1e6:.1f} MB by tracemalloc ({held['traced_bytes'] / held['keys']:.0f} a key)"
+              if held["traced_bytes"] is not None else "")
+    print(f"After {held['requests']:,} requests ({held['seconds']:.0f} s): {held['keys']:,} keys, "
+          f"{held['index_bytes'] / 1e6:.1f} MB by sys.getsizeof ({held['bytes_per_key']:.0f} bytes a key){traced}; "
+          f"the process grew {held['rss_growth_bytes'] / 1e6:.1f} MB")
     print(f"Sent to the copy holding the prefix: {held['sent']['held']:,}, to the least busy (none held it): "
           f"{held['sent']['new']:,}, over the bound: {held['sent']['busy']:,}")
     if args.json:

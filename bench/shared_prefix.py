@@ -1,15 +1,16 @@
 """``bench/gateway.py --workload shared-prefix``: cache-aware routing against least busy, on conversations whose
 prompts share long prefixes, through the gateway to the lab's engines on loopback.
 
-Two deployments of ``--copies`` copies each, every copy a ``lab/stubs/vllm`` of its own (the vLLM stand-in with its
-prefix cache: prefill at ``--prefill`` prompt tokens per second, one at a time per copy, a cache of
+Two deployments of ``--copies`` copies each, every copy a ``lab/stubs/vllm`` of its own (the vLLM stand-in with
+its prefix cache: prefill at ``--prefill`` prompt tokens per second, one at a time per copy, a cache of
 ``--cache-tokens`` tokens; decode at ``--decode`` tokens per second per request): ``bench`` routed least busy,
-``bench-cache`` cache-aware. ``--conversations`` conversations at once, each a system prompt of
-``--system-tokens`` tokens (its own, or one of ``--system-prompts`` they share) and ``--turns`` turns sent back to back (each turn's messages are the whole conversation
-so far, the answers ``--answer-tokens`` long, streamed), on one deployment, then the same on the other; ``--rounds``
-rounds alternate which goes first, each with system prompts no engine has seen. It reports for each routing:
-time to first token p50 and p99, requests per second, each copy's share of the requests (its highest against the
-mean) and the engines' prefix cache hit rate (their ``vllm:prefix_cache_*`` counters).
+``bench-cache`` cache-aware. ``--conversations`` conversations at once, each with a system prompt of
+``--system-tokens`` tokens (its own, or one of ``--system-prompts`` they share) and ``--turns`` turns sent back
+to back (each turn's messages are the whole conversation so far, the answers ``--answer-tokens`` long,
+streamed), on one deployment, then the same on the other; ``--rounds`` rounds alternate which goes first, each
+with system prompts no engine has seen. It reports for each routing: time to first token p50 and p99, requests
+per second, each copy's share of the requests (its highest against the mean) and the engines' prefix cache hit
+rate (their ``vllm:prefix_cache_*`` counters).
 
 Goals (issue 29): time to first token p50 at least 2x better cache-aware, requests per second no worse, no copy
 above 1.5x the mean load.
@@ -188,8 +189,8 @@ def merged(total: dict | None, one: dict) -> dict:
         return one
     seconds = total["seconds"] + one["seconds"]
     requests = total["requests"] + one["requests"]
-    return {"requests": requests, "failed": total["failed"] + one["failed"], "seconds": seconds, "rps": requests / seconds,
-            "first": sorted(total["first"] + one["first"]), "latency": sorted(total["latency"] + one["latency"]),
+    return {"requests": requests, "failed": total["failed"] + one["failed"], "seconds": seconds,
+            "rps": requests / seconds, "first": sorted(total["first"] + one["first"]), "latency": sorted(total["latency"] + one["latency"]),
             "copies": [{name: a[name] + b[name] for name in a} for a, b in zip(total["copies"], one["copies"])]}
 
 
@@ -201,7 +202,8 @@ def figures(result: dict) -> dict:
     mean = sum(loads) / len(loads) if loads else 0
     queried = sum(copy["queries"] for copy in result["copies"])
     return {"requests": result["requests"], "failed": result["failed"], "rps": result["rps"],
-            "ttft_p50_ms": base.quantile(result["first"], .5) * 1000, "ttft_p99_ms": base.quantile(result["first"], .99) * 1000,
+            "ttft_p50_ms": base.quantile(result["first"], .5) * 1000,
+            "ttft_p99_ms": base.quantile(result["first"], .99) * 1000,
             "latency_p50_ms": base.quantile(result["latency"], .5) * 1000,
             "loads": [int(n) for n in loads], "max_over_mean": max(loads) / mean if mean else float("nan"),
             "hit_rate": sum(copy["hits"] for copy in result["copies"]) / queried if queried else 0.0}

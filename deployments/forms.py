@@ -83,8 +83,8 @@ def gib_shown(memory_mib: int) -> float:
 
 def change_ask_from(data, deployment) -> DeployAsk:
     """What a deployment's Change form asks: its fields over what the deployment has now (its name, copies and
-    routing stay: Scale and Routing on its page change those). GPU memory left as the form showed it keeps the deployment's own MiB, so a
-    form sent back as it came changes nothing."""
+    routing stay: Scale and Routing on its page change those). GPU memory left as the form showed it keeps the
+    deployment's own MiB, so a form sent back as it came changes nothing."""
     fields = {field: data.get(field) for field in CHANGE_FIELDS}
     try:
         unchanged = float(str(fields["memory_per_gpu_gib"]).strip()) == gib_shown(deployment.memory_per_gpu_mib)
