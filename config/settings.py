@@ -423,7 +423,7 @@ FADEN_GATEWAY_HEAD_TIMEOUT = _gateway_bound("FADEN_GATEWAY_HEAD_TIMEOUT", 5.0, f
 FADEN_GATEWAY_MAX_CONNECTIONS = _gateway_bound("FADEN_GATEWAY_MAX_CONNECTIONS", 4096, int, 16, 1_000_000)
 FADEN_GATEWAY_KEEPALIVE = _gateway_bound("FADEN_GATEWAY_KEEPALIVE", 5, int, 1, 3600)
 # Cache-aware routing (docs/gateway.md), per gateway process: keys of prompts' prefixes its index keeps (about
-# 130 bytes each; the oldest go first), the requests in flight a copy holding a prompt's prefix may have above
+# 210 bytes each; the oldest go first), the requests in flight a copy holding a prompt's prefix may have above
 # the least busy copy before the request goes to the least busy instead, and the characters of a prompt's block.
 FADEN_GATEWAY_PREFIX_ENTRIES = _gateway_bound("FADEN_GATEWAY_PREFIX_ENTRIES", 100_000, int, 1_000, 100_000_000)
 FADEN_GATEWAY_PREFIX_BOUND = _gateway_bound("FADEN_GATEWAY_PREFIX_BOUND", 8, int, 0, 1_000_000)

@@ -8,7 +8,7 @@ the whole prefix up to the end of its block, in that deployment. Only whole bloc
 ``MAX_BLOCKS`` at most (a longer prompt is known by its first 128 Ki characters).
 
 ``PrefixIndex`` maps keys to the copy that last served them, ``entries`` keys at most: a key used again
-becomes the newest, and the oldest go when it is full (about 130 bytes a key: bench/prefix_index.py). It
+becomes the newest, and the oldest go when it is full (about 210 bytes a key: bench/prefix_index.py). It
 lives in one gateway process, shared with no other: each process learns from the requests it routes.
 
 ``CacheAware.choose``: the copy holding the prompt's longest known prefix, among the copies in rotation and
