@@ -107,45 +107,48 @@ def engine_series(samples: list[Sample], *, now: float, hold: float) -> EngineSe
     by_copy: dict[int, list[Sample]] = defaultdict(list)
     for sample in sorted(samples, key=lambda s: s.at):
         by_copy[sample.copy_pk].append(sample)
-    times = {pk: [s.at for s in rows] for pk, rows in by_copy.items()}
+    read = [(rows, [s.at for s in rows]) for rows in by_copy.values()]
     numbers = sorted({s.copy_number for s in samples})
     per_copy = len(numbers) <= PER_COPY_LINES
     agos = [60.0 * back for back in range(MINUTES, -1, -1)]
     found = EngineSeries(agos=agos, running=[], waiting=[], prefix_hit_percent=[], generation_per_second=[],
                          kv_by_copy={f"#{n}": [] for n in numbers} if per_copy else {"mean": [], "highest": []})
     for ago in agos:
-        at = now - ago
-        standing = {}  # copy pk -> (its latest sample, the one RATE_SPAN before it or None)
-        for pk, rows in by_copy.items():
-            index = bisect.bisect_right(times[pk], at) - 1
-            if index < 0 or at - rows[index].at > hold:
-                continue
-            latest = rows[index]
-            before = bisect.bisect_right(times[pk], latest.at - RATE_SPAN) - 1
-            earlier = rows[before] if before >= 0 and latest.at - rows[before].at <= hold else None
-            standing[pk] = (latest, earlier)
-        latests = [latest for latest, _ in standing.values()]
+        standing = _standing(read, at=now - ago, hold=hold)
+        latests = [latest for latest, _ in standing]
         found.running.append(_total(s.running for s in latests))
         found.waiting.append(_total(s.waiting for s in latests))
-        kv = {}
-        for sample in sorted(latests, key=lambda s: s.at):  # a copy's number taken over by its replacement: the latest
-            if sample.kv_cache is not None:
-                kv[sample.copy_number] = 100.0 * sample.kv_cache
+        # A copy's number taken over by its replacement (both read in the hold): the latest sample speaks.
+        kv = {s.copy_number: 100.0 * s.kv_cache for s in sorted(latests, key=lambda s: s.at) if s.kv_cache is not None}
         if per_copy:
             for number in numbers:
                 found.kv_by_copy[f"#{number}"].append(kv.get(number))
         else:
             found.kv_by_copy["mean"].append(sum(kv.values()) / len(kv) if kv else None)
             found.kv_by_copy["highest"].append(max(kv.values(), default=None))
-        found.generation_per_second.append(_total(_increase(latest, earlier, "generation_tokens") / (latest.at - earlier.at)
-                                                  for latest, earlier in standing.values()
-                                                  if earlier and _increase(latest, earlier, "generation_tokens") is not None))
-        pairs = [(_increase(latest, earlier, "prefix_hits"), _increase(latest, earlier, "prefix_queries"))
-                 for latest, earlier in standing.values() if earlier]
-        pairs = [(hits, queries) for hits, queries in pairs if hits is not None and queries is not None]
-        queried = sum(queries for _, queries in pairs)
-        found.prefix_hit_percent.append(100.0 * min(sum(hits for hits, _ in pairs) / queried, 1.0) if queried > 0 else None)
+        rates = [(latest.at - earlier.at, _increase(latest, earlier, "generation_tokens")) for latest, earlier in standing if earlier]
+        found.generation_per_second.append(_total(tokens / seconds for seconds, tokens in rates if tokens is not None))
+        looked_up = [(_increase(latest, earlier, "prefix_hits"), _increase(latest, earlier, "prefix_queries"))
+                     for latest, earlier in standing if earlier]
+        looked_up = [(hits, queries) for hits, queries in looked_up if hits is not None and queries is not None]
+        queried = sum(queries for _, queries in looked_up)
+        found.prefix_hit_percent.append(100.0 * min(sum(hits for hits, _ in looked_up) / queried, 1.0) if queried > 0 else None)
     return found
+
+
+def _standing(read: list[tuple[list[Sample], list[float]]], *, at: float, hold: float) -> list[tuple[Sample, Sample | None]]:
+    """Each copy read in the ``hold`` before ``at`` (``read``: each copy's samples and their times, in time
+    order): its latest sample then, and the latest at least RATE_SPAN before that one (None when there is none
+    in the hold)."""
+    standing = []
+    for rows, times in read:
+        index = bisect.bisect_right(times, at) - 1
+        if index < 0 or at - rows[index].at > hold:
+            continue
+        latest = rows[index]
+        before = bisect.bisect_right(times, latest.at - RATE_SPAN) - 1
+        standing.append((latest, rows[before] if before >= 0 and latest.at - rows[before].at <= hold else None))
+    return standing
 
 
 def _total(values) -> float | None:
@@ -178,7 +181,7 @@ def engine_charts(deployment, *, at: float | None = None) -> dict:
         return list(zip(found.agos, values))
 
     tones = iter(COPY_TONES * 4)
-    return {"sampled": bool(recent), "interval": settings.FADEN_HEALTH_INTERVAL, "charts": [
+    return {"sampled": bool(recent), "interval": settings.FADEN_HEALTH_INTERVAL, "off": settings.FADEN_ENGINE_METRICS_TIMEOUT <= 0, "charts": [
         charts.line_chart(title="Requests in the engines", unit="running and waiting",
                           series=[Series("Running", points(found.running), "accent"), Series("Waiting", points(found.waiting), "amber")],
                           empty=empty("running", "waiting", otherwise="No figures in the last hour")),

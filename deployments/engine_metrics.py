@@ -23,11 +23,15 @@ import math
 import ssl
 import time
 from dataclasses import dataclass, fields
+from datetime import timedelta
 
 from django.conf import settings
 from django.utils import timezone
 
 from console import live
+from deployments.copy_keys import copy_key_of
+from deployments.copy_tls import client_context
+from deployments.models import EngineSample
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +112,6 @@ class MetricsUnread(Exception):
 def metrics_read(copy, *, timeout: float, context: ssl.SSLContext | None = None) -> EngineFigures:
     """GET the copy's ``/metrics``: over TLS with ``context`` for a copy behind TLS, with its own key (vLLM
     leaves /metrics open, but a copy's engine is asked as the gateway asks it)."""
-    from deployments.copy_keys import copy_key_of
-
     if not copy.address or not copy.port:
         raise MetricsUnread("it has no address")
     if copy.tls and context is None:
@@ -150,19 +152,19 @@ def samples_take(copies: list, *, now=None) -> int:
 
 
 def _samples_take(copies: list, *, now=None) -> int:
-    from deployments.models import EngineSample
-
     budget = settings.FADEN_ENGINE_METRICS_TIMEOUT
+    if budget <= 0:
+        return 0  # reading the engines is turned off
     deadline = time.monotonic() + budget
     context = _client_context() if any(c.tls for c in copies) else None
     samples = []
-    for copy in copies:
+    for index, copy in enumerate(copies):
         left = deadline - time.monotonic()
         if left <= 0.05:
-            log.info("No time left to read the engines of %s: read at the next check", ", ".join(str(c) for c in copies[len(samples):]))
+            log.info("No time left to read the engines of %s: read at the next check", ", ".join(map(str, copies[index:])))
             break
         try:
-            figures = metrics_read(copy, timeout=min(budget, left), context=context)
+            figures = metrics_read(copy, timeout=left, context=context)
         except MetricsUnread as exc:
             log.info("%s: its engine's figures could not be read: %s", copy, exc)
             continue
@@ -180,18 +182,12 @@ def _samples_take(copies: list, *, now=None) -> int:
 
 def samples_prune(deployment_ids, *, now=None) -> int:
     """Delete these deployments' samples older than KEEP_MINUTES (a deleted deployment's go with it)."""
-    from datetime import timedelta
-
-    from deployments.models import EngineSample
-
     cutoff = (now or timezone.now()) - timedelta(minutes=KEEP_MINUTES)
     deleted, _ = EngineSample.objects.filter(deployment_id__in=list(deployment_ids), taken_at__lt=cutoff).delete()
     return deleted
 
 
 def _client_context() -> ssl.SSLContext | None:
-    from deployments.copy_tls import client_context
-
     try:
         return client_context().context
     except Exception as exc:  # noqa: BLE001 - the authority's files: the copies behind TLS go unread, said why

@@ -23,6 +23,12 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 TITLES = ("Requests", "Latency", "Requests in the engines", "Generation", "KV-cache use", "Prefix-cache hits")
 
 
+@pytest.fixture(scope="module")
+def console_options():
+    """The suite's consoles read no engine (tests/settings.py); these pages say what a console that reads them says."""
+    return {"env": {"FADEN_TEST_ENGINE_METRICS_TIMEOUT": "2"}}
+
+
 @pytest.fixture
 def gateway_figures():
     """The gateway's Redis, under the prefix this run's consoles read; emptied after."""
