@@ -262,6 +262,8 @@ FADEN_RESTART_ATTEMPTS = env_int("FADEN_RESTART_ATTEMPTS", 3)  # restarts of a c
 FADEN_RESTART_PAUSE = env_int("FADEN_RESTART_PAUSE", 30)  # before the second restart; doubles for the next
 FADEN_FAILED_RETRY = env_int("FADEN_FAILED_RETRY", 900)  # a Failed cluster is tried again this often
 FADEN_HEALTH_PARALLEL = env_int("FADEN_HEALTH_PARALLEL", 16)  # SSH sessions one check holds at once
+# Seconds a check spends at most reading the engines' /metrics of one machine (the deployments' charts).
+FADEN_ENGINE_METRICS_TIMEOUT = float(os.environ.get("FADEN_ENGINE_METRICS_TIMEOUT", "2"))
 FADEN_PROBE_SECONDS = env_int("FADEN_PROBE_SECONDS", 3)  # the network test sends this long on each network
 # The NCCL test (issue 13): 1 MiB up to this size, doubling; stopped after this many seconds; each size
 # run warmup + iters times (nccl-tests' -w and -n). The suite sets a short sweep and a short limit.

@@ -19,7 +19,7 @@ from django.utils import timezone
 from clusters.choices import CheckOutcome, CheckTrigger, MemberState
 from clusters.models import ClusterMember, HealthCheck
 from console.jobs import task_enqueue
-from deployments import copy_procs, serving
+from deployments import copy_procs, engine_metrics, serving
 from deployments.choices import CopyState
 from deployments.models import Copy
 from machines.agent_client import Agent, AgentError
@@ -36,11 +36,17 @@ OWNED = {"deployment__orphaned_at__isnull": True}
 
 
 def copies_ask(agent: Agent, member: ClusterMember) -> list[dict] | None:
-    """The health check's question to a machine that runs copies: what its agent says of each."""
-    if not Copy.objects.filter(machine_id=member.machine_id, state__in=WATCHED, **OWNED).exists():
+    """The health check's question to a machine that runs copies: what its agent says of each. The engines of
+    the healthy ones are then read for the deployments' charts (engine_metrics.samples_take, which never
+    fails the check and takes FADEN_ENGINE_METRICS_TIMEOUT seconds at most)."""
+    copies = list(Copy.objects.filter(machine_id=member.machine_id, state__in=WATCHED, **OWNED).select_related("deployment"))
+    if not copies:
         return None
-    return [{"copy": s.copy, "running": s.running, "healthy": s.healthy, "pid": s.pid, "log_tail": s.log_tail}
-            for s in agent.copy_list()]
+    listed = [{"copy": s.copy, "running": s.running, "healthy": s.healthy, "pid": s.pid, "log_tail": s.log_tail}
+              for s in agent.copy_list()]
+    healthy = {entry["copy"] for entry in listed if entry["healthy"]}
+    engine_metrics.samples_take([c for c in copies if c.key in healthy])
+    return listed
 
 
 def copies_checked(cluster, answers: dict) -> None:

@@ -216,6 +216,30 @@ class Copy(models.Model):
         return f"{scheme}://{self.address}:{self.port}" if self.address and self.port else None
 
 
+class EngineSample(models.Model):
+    """What one copy's engine said of itself at one health check (its /metrics, deployments/engine_metrics.py),
+    kept an hour and a bit for the deployment's charts. Counters are as the engine showed them (since it
+    started); the charts take their differences. None: the engine does not show that figure."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="engine_samples")
+    copy_pk = models.PositiveBigIntegerField(help_text=(
+        "The copy's id, kept after its row goes: a replacement's counters start again from zero"))
+    copy_number = models.PositiveIntegerField(help_text="The copy's number within the deployment, for the charts' lines")
+    taken_at = models.DateTimeField()
+    running = models.FloatField(null=True, blank=True, help_text="Requests in the engine's running batch")
+    waiting = models.FloatField(null=True, blank=True, help_text="Requests waiting for a place in it")
+    kv_cache = models.FloatField(null=True, blank=True, help_text="Its KV cache in use, 0 to 1")
+    prefix_hits = models.FloatField(null=True, blank=True, help_text="Prompt tokens found in its prefix cache (a counter)")
+    prefix_queries = models.FloatField(null=True, blank=True, help_text="Prompt tokens looked up in its prefix cache (a counter)")
+    generation_tokens = models.FloatField(null=True, blank=True, help_text="Tokens it generated (a counter)")
+
+    class Meta:
+        indexes = [models.Index(fields=["deployment", "taken_at"], name="engine_sample_deployment_at")]
+
+    def __str__(self) -> str:
+        return f"copy {self.copy_pk} at {self.taken_at:%H:%M:%S}"
+
+
 class GatewayKey(models.Model):
     """A key clients give the gateway (``Authorization: Bearer fs-...``), stored as its sha256 only.
 

@@ -9,7 +9,7 @@ from clusters.pages import transfer_bars
 from console import roles
 from console.offers import Offer
 from clusters.actions import DEPLOY
-from deployments import placement, placement_input, selectors, serving
+from deployments import charts, placement, placement_input, selectors, serving
 from deployments.choices import ROUTING_HELP, CopyState, Routing
 from deployments.gateway import traffic
 from deployments.models import Deployment
@@ -105,6 +105,18 @@ def deployment_traffic(deployment) -> dict:
     return {"deployment": deployment, "figures": traffic.traffic([deployment.pk]).get(deployment.pk)}
 
 
+def deployment_gateway_charts(deployment) -> dict:
+    """The charts' gateway side: the deployment's traffic minute by minute over the last hour. Polled like the
+    Traffic card (its figures are in Redis, with nothing to push)."""
+    return {"deployment": deployment, "gateway": charts.gateway_charts(deployment.pk)}
+
+
+def deployment_engine_charts(deployment) -> dict:
+    """The charts' engines side: what the copies' engines said at each health check, over the last hour.
+    Pushed (part ``engine``) when a check has written new samples."""
+    return {"deployment": deployment, "engine": charts.engine_charts(deployment)}
+
+
 def deployment_change_page(deployment, *, role: roles.Role | None, values: dict | None = None) -> dict:
     """A deployment's Change form, filled with what it has now (the values a person sent win). Its own GPU kind
     is offered with the values the deployment holds, so that a form sent back as it came changes nothing."""
@@ -141,6 +153,8 @@ def render_deployment_topic(arg: str, part: str, role: roles.Role) -> list[str]:
     deployment = Deployment.objects.shown().select_related("cluster", "model").filter(pk=int(arg)).first()
     if deployment is None:  # deleted, or its copies run without a deployment now
         return [render_to_string("deployments/deployment_detail.html#deleted", {"oob": True})]
+    if part == "engine":  # a check read its copies' engines: only their charts
+        return [render_to_string("deployments/deployment_detail.html#charts-engine", deployment_engine_charts(deployment) | {"oob": True})]
     context = deployment_page(deployment, role) | {"oob": True}
     return [render_to_string("deployments/deployment_detail.html#header", context),
             render_to_string("deployments/deployment_detail.html#main", context)]

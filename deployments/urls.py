@@ -14,6 +14,7 @@ urlpatterns = [
     path("create/", views.deployment_create, name="create"),
     path("<int:pk>/", views.deployment_detail, name="detail"),
     path("<int:pk>/traffic/", views.deployment_traffic, name="traffic"),
+    path("<int:pk>/charts/", views.deployment_charts, name="charts"),
     path("<int:pk>/change/", views.deployment_change, name="change"),
     path("<int:pk>/change/plan/", views.deployment_change_plan, name="change-plan"),
     path("<int:pk>/scale/", views.deployment_scale, name="scale"),

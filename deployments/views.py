@@ -125,6 +125,7 @@ def deployment_detail(request, pk: int):
     deployment = get_object_or_404(Deployment.objects.shown().select_related("cluster", "model"), pk=pk)
     return render(request, "deployments/deployment_detail.html",
                   pages.deployment_page(deployment, role_of(request.user)) | pages.deployment_traffic(deployment)
+                  | pages.deployment_gateway_charts(deployment) | pages.deployment_engine_charts(deployment)
                   | {"live_topics": f"topic=deployment:{pk}"})
 
 
@@ -135,6 +136,14 @@ def deployment_traffic(request, pk: int):
     if deployment is None:
         return HttpResponse("", status=POLL_STOP)
     return render(request, "deployments/deployment_detail.html#traffic", pages.deployment_traffic(deployment))
+
+
+def deployment_charts(request, pk: int):
+    """The charts' gateway side alone, polled (the engines' side is pushed); 286 for a deployment that is gone."""
+    deployment = Deployment.objects.filter(pk=pk).first()
+    if deployment is None:
+        return HttpResponse("", status=POLL_STOP)
+    return render(request, "deployments/deployment_detail.html#charts-gateway", pages.deployment_gateway_charts(deployment))
 
 
 def deployment_change(request, pk: int):

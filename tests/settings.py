@@ -23,6 +23,10 @@ from config.settings import *  # noqa: E402,F403
 # (port 9, discard, on loopback); the tests that download point this at a lab hub of their own.
 FADEN_HF_ENDPOINT = os.environ.get("FADEN_TEST_HF_ENDPOINT", "http://127.0.0.1:9")
 
+# The health checks' copies have made-up addresses (tests/builders.py) that no test may reach: their engines are
+# not read (0 s) unless a test or a lab console asks (tests/unit/test_engine_metrics.py reads engines on loopback).
+FADEN_ENGINE_METRICS_TIMEOUT = float(os.environ.get("FADEN_TEST_ENGINE_METRICS_TIMEOUT", "0"))
+
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
 STORAGES = {"staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
 
