@@ -128,7 +128,7 @@ class Answer:
                 self.first_at = time.perf_counter()
             self.before = self.last
             self.last = body
-        elif body is None:  # the head: http.response.start has no body
+        elif body is None and message["type"] == "http.response.start":
             self.status = message["status"]
         return self.send(message)
 
