@@ -1,9 +1,9 @@
 """The gateway's ``GET /metrics``: what it forwarded, in Prometheus's text format.
 
-A request costs plain integer additions on the event loop (``GatewayMetrics.record``, about a microsecond:
-bench/gateway_metrics.py); the metric families are built only when Prometheus asks, from those figures and
-from the route table (requests in flight are the copies' own counters, read at the scrape). The families,
-per deployment (its name: a handful of deployments, never the client's words) and copy (its number):
+A request costs a few integer additions on the event loop (``Answer`` and ``GatewayMetrics.record``, about
+3 us of CPU: bench/gateway_metrics.py). The text is built only when Prometheus asks, in a thread of its own,
+from a copy of those figures and of the route table's (requests in flight are the copies' own counters) taken
+on the loop. The families, per deployment (its name: never the client's words) and copy (its number):
 
 - ``fadenstack_gateway_requests_total{deployment, code}``: forwarded requests by the class of the status the
   client got (``2xx`` ... ``5xx``; ``cancelled`` when the client left before an answer began);
@@ -41,6 +41,7 @@ import multiprocessing
 import os
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,6 +147,63 @@ def usage_of(before: bytes, last: bytes) -> tuple[int, int] | None:
     return int(prompt[1]), int(completion[1]) if completion else 0
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One process's figures at one moment, as plain data: ``GatewayMetrics.reading()``."""
+
+    deployments: dict[str, tuple]  # name -> (requests by code, errors, duration buckets, sum, first buckets, sum,
+    #                                         prompt tokens, completion tokens)
+    refusals: dict[str, int]
+    limits: dict[str, int]
+    copies_in_flight: dict[tuple[str, int], int]  # (deployment, copy number) -> requests
+    routed: tuple[str, ...]  # the deployments in the routes (each has a requests-in-flight series, 0 or more)
+
+
+def families(reading: Reading) -> list:
+    """The metric families of one reading."""
+    requests = CounterMetricFamily(f"{PREFIX}_requests", "Requests forwarded to a deployment, by the class of the "
+                                   "status the client got (cancelled: the client left before an answer).",
+                                   labels=["deployment", "code"])
+    errors = CounterMetricFamily(f"{PREFIX}_errors", "Requests that failed: answers of 500 and above, copies that "
+                                 "could not be reached or broke off, no copy serving.", labels=["deployment"])
+    duration = HistogramMetricFamily(f"{PREFIX}_request_duration_seconds", "From a request's arrival to its answer's "
+                                     "last byte.", labels=["deployment"])
+    first = HistogramMetricFamily(f"{PREFIX}_time_to_first_token_seconds", "From a request's arrival to the first "
+                                  "body chunk of a 2xx answer from the copy.", labels=["deployment"])
+    prompt = CounterMetricFamily(f"{PREFIX}_prompt_tokens", "Prompt tokens, from the usage of 2xx answers (streams "
+                                 "only with include_usage).", labels=["deployment"])
+    completion = CounterMetricFamily(f"{PREFIX}_completion_tokens", "Completion tokens, from the usage of 2xx answers "
+                                     "(streams only with include_usage).", labels=["deployment"])
+    for name, (codes, failed, durations, duration_sum, firsts, first_sum, prompts, completions) in sorted(
+            reading.deployments.items()):
+        for code, count in sorted(codes.items()):
+            requests.add_metric([name, code], count)
+        errors.add_metric([name], failed)
+        duration.add_metric([name], _buckets(durations), duration_sum)
+        first.add_metric([name], _buckets(firsts), first_sum)
+        prompt.add_metric([name], prompts)
+        completion.add_metric([name], completions)
+    in_flight = GaugeMetricFamily(f"{PREFIX}_requests_in_flight", "Requests sent to a copy of the deployment whose "
+                                  "answer has not ended.", labels=["deployment"])
+    copies = GaugeMetricFamily(f"{PREFIX}_copy_requests_in_flight", "Requests sent to the copy whose answer has not "
+                               "ended.", labels=["deployment", "copy"])
+    totals = dict.fromkeys(reading.routed, 0)
+    for (name, number), count in sorted(reading.copies_in_flight.items()):
+        copies.add_metric([name, str(number)], count)
+        totals[name] = totals.get(name, 0) + count
+    for name, count in sorted(totals.items()):
+        in_flight.add_metric([name], count)
+    refusals = CounterMetricFamily(f"{PREFIX}_refusals", "Requests the gateway refused itself, by OpenAI's error "
+                                   "code.", labels=["code"])
+    for code, count in sorted(reading.refusals.items()):
+        refusals.add_metric([code], count)
+    limits = CounterMetricFamily(f"{PREFIX}_limit_refusals", "Requests refused for their key's limit, by the limit "
+                                 "(requests or tokens per minute).", labels=["limit"])
+    for limit, count in sorted(reading.limits.items()):
+        limits.add_metric([limit], count)
+    return [requests, errors, duration, first, prompt, completion, in_flight, copies, refusals, limits]
+
+
 class GatewayMetrics:
     """One gateway process's figures (used on its event loop only), and its ``/metrics`` answer."""
 
@@ -157,6 +215,8 @@ class GatewayMetrics:
         self.limits: dict[str, int] = dict.fromkeys(LIMITS, 0)
         self.files = None  # metrics_files.SharedFiles when workers share a port
         self.task: asyncio.Task | None = None
+        # Where the text is built and the files written: one thread, so that no two write the files at once.
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="gateway-metrics")
 
     # -- on the request path ---------------------------------------------------------------------------
 
@@ -191,59 +251,21 @@ class GatewayMetrics:
 
     # -- the families --------------------------------------------------------------------------------------
 
-    def collect(self):
-        """This process's metric families (prometheus_client's collector protocol)."""
-        requests = CounterMetricFamily(f"{PREFIX}_requests", "Requests forwarded to a deployment, by the class of "
-                                       "the status the client got (cancelled: the client left before an answer).",
-                                       labels=["deployment", "code"])
-        errors = CounterMetricFamily(f"{PREFIX}_errors", "Requests that failed: answers of 500 and above, copies "
-                                     "that could not be reached or broke off, no copy serving.", labels=["deployment"])
-        duration = HistogramMetricFamily(f"{PREFIX}_request_duration_seconds", "From a request's arrival to its "
-                                         "answer's last byte.", labels=["deployment"])
-        first = HistogramMetricFamily(f"{PREFIX}_time_to_first_token_seconds", "From a request's arrival to the "
-                                      "first body chunk of a 2xx answer from the copy.", labels=["deployment"])
-        prompt = CounterMetricFamily(f"{PREFIX}_prompt_tokens", "Prompt tokens, from the usage of 2xx answers "
-                                     "(streams only with include_usage).", labels=["deployment"])
-        completion = CounterMetricFamily(f"{PREFIX}_completion_tokens", "Completion tokens, from the usage of 2xx "
-                                         "answers (streams only with include_usage).", labels=["deployment"])
-        for name, figures in sorted(self.deployments.items()):
-            for code, count in sorted(figures.requests.items()):
-                requests.add_metric([name, code], count)
-            errors.add_metric([name], figures.errors)
-            duration.add_metric([name], _buckets(figures.duration), figures.duration_sum)
-            first.add_metric([name], _buckets(figures.first), figures.first_sum)
-            prompt.add_metric([name], figures.prompt_tokens)
-            completion.add_metric([name], figures.completion_tokens)
-        yield from (requests, errors, duration, first, prompt, completion)
-        yield from self._in_flight()
-        refusals = CounterMetricFamily(f"{PREFIX}_refusals", "Requests the gateway refused itself, by OpenAI's "
-                                       "error code.", labels=["code"])
-        for code, count in sorted(self.refusals.items()):
-            refusals.add_metric([code], count)
-        limits = CounterMetricFamily(f"{PREFIX}_limit_refusals", "Requests refused for their key's limit, by the "
-                                     "limit (requests or tokens per minute).", labels=["limit"])
-        for limit, count in sorted(self.limits.items()):
-            limits.add_metric([limit], count)
-        yield from (refusals, limits)
-
-    def _in_flight(self):
-        deployments = GaugeMetricFamily(f"{PREFIX}_requests_in_flight", "Requests sent to a copy of the deployment "
-                                        "whose answer has not ended.", labels=["deployment"])
-        copies = GaugeMetricFamily(f"{PREFIX}_copy_requests_in_flight", "Requests sent to the copy whose answer has "
-                                   "not ended.", labels=["deployment", "copy"])
-        per_copy: dict[tuple[str, int], int] = {}
+    def reading(self) -> Reading:
+        """The figures as they stand, copied on the event loop (tens of microseconds) for a thread to render."""
+        copies: dict[tuple[str, int], int] = {}
         for name, route in self.table.deployments.items():
             for copy in route.copies:
-                per_copy[(name, copy.number)] = copy.in_flight
+                copies[(name, copy.number)] = copy.in_flight
         for copy in self.table.leaving.values():  # out of the routes, its last answers still going
-            per_copy[(copy.deployment, copy.number)] = per_copy.get((copy.deployment, copy.number), 0) + copy.in_flight
-        totals: dict[str, int] = dict.fromkeys(self.table.deployments, 0)
-        for (name, number), count in sorted(per_copy.items()):
-            copies.add_metric([name, str(number)], count)
-            totals[name] = totals.get(name, 0) + count
-        for name, count in sorted(totals.items()):
-            deployments.add_metric([name], count)
-        return deployments, copies
+            copies[(copy.deployment, copy.number)] = copies.get((copy.deployment, copy.number), 0) + copy.in_flight
+        deployments = {name: (dict(f.requests), f.errors, list(f.duration), f.duration_sum, list(f.first), f.first_sum,
+                              f.prompt_tokens, f.completion_tokens) for name, f in self.deployments.items()}
+        return Reading(deployments, dict(self.refusals), dict(self.limits), copies, tuple(self.table.deployments))
+
+    def collect(self):
+        """This process's metric families (prometheus_client's collector protocol)."""
+        return families(self.reading())
 
     # -- the scrape ------------------------------------------------------------------------------------------
 
@@ -260,17 +282,28 @@ class GatewayMetrics:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
             self.task = None
-        if self.files is not None:
-            self.files.write(self.collect())  # the counts go on adding up in the others' scrapes
+        if self.files is not None:  # the last figures: the counts go on adding up in the others' scrapes
+            await asyncio.get_running_loop().run_in_executor(self.thread, self._write, self.reading())
             self.files.close()
+        self.thread.shutdown(wait=False)
 
     async def _write_every(self) -> None:
         while True:
             await asyncio.sleep(WRITE_EVERY)
             try:
-                self.files.write(self.collect())
+                await asyncio.get_running_loop().run_in_executor(self.thread, self._write, self.reading())
             except Exception:  # a full disk must not stop the loop: said, and tried again
                 log.exception("The gateway could not write its metrics for the other workers")
+
+    def _write(self, reading: Reading) -> None:
+        self.files.write(families(reading))
+
+    def _exposition(self, reading: Reading) -> bytes:
+        """The text a scrape gets (in the metrics thread: building it takes milliseconds, not the loop's)."""
+        if self.files is None:
+            return generate_latest(_Registry(_Families(families(reading))))
+        self.files.write(families(reading))  # this process's own as they are now, then every worker's
+        return self.files.exposition()
 
     def refusal(self, headers) -> tuple[int, str] | None:
         """Why a scrape is refused (status, words), or None when it may read."""
@@ -297,11 +330,7 @@ class GatewayMetrics:
             await _plain_error(send, refused[0], "invalid_metrics_token" if refused[0] == 401 else "metrics_off",
                                refused[1])
             return
-        if self.files is None:
-            body = generate_latest(_Registry(self))
-        else:  # this process's own figures as they are now, then every worker's, read in a thread (files)
-            self.files.write(self.collect())
-            body = await asyncio.get_running_loop().run_in_executor(None, self.files.exposition)
+        body = await asyncio.get_running_loop().run_in_executor(self.thread, self._exposition, self.reading())
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", CONTENT_TYPE),
                                 (b"content-length", str(len(body)).encode())]})
@@ -315,6 +344,16 @@ def _buckets(counts: list[int]) -> list[tuple[str, int]]:
         total += count
         found.append((floatToGoString(bound), total))
     return found
+
+
+class _Families:
+    """Families already built, as a collector."""
+
+    def __init__(self, built: list):
+        self.built = built
+
+    def collect(self):
+        return self.built
 
 
 class _Registry(CollectorRegistry):

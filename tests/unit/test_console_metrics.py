@@ -1,5 +1,7 @@
 """The console's GET /metrics: refused without the metrics token or an Administrator's session; with either, the
 families every app registered, read with prometheus_client's parser, and the figures those of the records."""
+import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -130,3 +132,35 @@ def test_a_scrape_costs_a_few_queries_whatever_the_records(client, token, django
     # jobs; machines; clusters, health checks; copies, deployments; the GPUs, the copies holding them
     with django_assert_max_num_queries(8):
         families(client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}))
+
+
+def test_the_grafana_dashboard_asks_only_for_series_the_gateway_and_the_console_answer(client, token):
+    from pathlib import Path
+
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from deployments.gateway.metrics import Answer, GatewayMetrics
+    from deployments.gateway.routes import RouteTable, Snapshot
+
+    table = RouteTable()
+    table.apply(Snapshot(deployments=(("llama", 1, 0),), copies=((7, 1, 1, "a", 1, "t"),), keys=()))
+    gateway = GatewayMetrics(table)
+    answer = Answer(None)
+    answer.status, answer.first_at = 200, 1.0
+    gateway.record("llama", answer, 0.5, False)
+    gateway.refused("model_not_found")
+    registry = CollectorRegistry()
+    registry.register(gateway)
+    deployment_of(cluster_of([gpu_machine("gpu-a", 11)]), name="llama")
+    JobFactory()
+    answered = {s.name for text in (generate_latest(registry).decode(),
+                                    client.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).content.decode())
+                for family in text_string_to_metric_families(text) for s in family.samples}
+    dashboard = json.loads((Path(__file__).resolve().parents[2] / "docs" / "grafana-fadenstack.json").read_text())
+
+    asked = set(re.findall(r"fadenstack_[a-z_]+", json.dumps(dashboard)))
+
+    assert len(asked) >= 15 and asked <= answered, asked - answered
+    ids = [panel["id"] for panel in dashboard["panels"]]
+    assert len(ids) == len(set(ids)) and dashboard["uid"] == "fadenstack"
