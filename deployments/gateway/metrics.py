@@ -47,7 +47,6 @@ from pathlib import Path
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import generate_latest
-from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from deployments.gateway.routes import RouteTable
@@ -301,7 +300,7 @@ class GatewayMetrics:
     def _exposition(self, reading: Reading) -> bytes:
         """The text a scrape gets (in the metrics thread: building it takes milliseconds, not the loop's)."""
         if self.files is None:
-            return generate_latest(_Registry(_Families(families(reading))))
+            return generate_latest(_Families(families(reading)))
         self.files.write(families(reading))  # this process's own as they are now, then every worker's
         return self.files.exposition()
 
@@ -323,11 +322,11 @@ class GatewayMetrics:
     async def scrape(self, scope, send) -> None:
         """Answer ``/metrics``: the families in Prometheus's text format, to a scrape allowed to read them."""
         if scope["method"] not in ("GET", "HEAD"):
-            await _plain_error(send, 405, "method_not_allowed", "/metrics takes GET.")
+            await _error_answer(send, 405, "method_not_allowed", "/metrics takes GET.")
             return
         refused = self.refusal(scope["headers"])
         if refused is not None:
-            await _plain_error(send, refused[0], "invalid_metrics_token" if refused[0] == 401 else "metrics_off",
+            await _error_answer(send, refused[0], "invalid_metrics_token" if refused[0] == 401 else "metrics_off",
                                refused[1])
             return
         body = await asyncio.get_running_loop().run_in_executor(self.thread, self._exposition, self.reading())
@@ -347,7 +346,8 @@ def _buckets(counts: list[int]) -> list[tuple[str, int]]:
 
 
 class _Families:
-    """Families already built, as a collector."""
+    """Families already built, as a collector for ``generate_latest`` (no registry: nothing global, so each
+    gateway of a test has its own figures)."""
 
     def __init__(self, built: list):
         self.built = built
@@ -356,15 +356,7 @@ class _Families:
         return self.built
 
 
-class _Registry(CollectorRegistry):
-    """A registry of one collector, made for a scrape (nothing global: each gateway in a test has its own)."""
-
-    def __init__(self, collector):
-        super().__init__(auto_describe=False)
-        self.register(collector)
-
-
-async def _plain_error(send, status: int, code: str, message: str) -> None:
+async def _error_answer(send, status: int, code: str, message: str) -> None:
     body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
                                  "code": code}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
