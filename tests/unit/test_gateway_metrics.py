@@ -2,13 +2,18 @@
 runs it, with its small engines on 127.0.0.1) and read with prometheus_client's own parser; who may read it;
 the usage found at an answer's end; the figures of workers sharing a port added up through their files."""
 import os
+import signal
+import socket
 import subprocess
+import sys
 import threading
+import time
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from console.management.commands import serve
 from deployments.gateway import metrics_files
 from deployments.gateway.app import Gateway
 from deployments.gateway.background import GatewayConfig
@@ -254,3 +259,40 @@ def test_a_gateways_workers_get_a_directory_of_their_own_and_stopped_gateways_di
     assert directory == tmp_path / str(os.getpid()) and directory.is_dir()
     assert not stopped.exists() and running.exists()
     assert workers_directory(tmp_path) is None, "a process serving alone adds up nothing"
+
+
+def test_two_workers_of_the_gateways_command_line_answer_the_same_sums(tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "FADEN_DATA_DIR": str(tmp_path), "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+           "DJANGO_SETTINGS_MODULE": "config.settings", "FADEN_METRICS_TOKEN": TOKEN}
+    process = subprocess.Popen(serve.gateway_argv(sys.executable, bind="127.0.0.1", port=port, workers=2), env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        directory = tmp_path / "gateway-metrics" / str(process.pid)
+        wait_for(lambda: len(list(directory.glob("counter_*.db"))) == 2, timeout=30)  # each worker's, written every second
+        refused = []
+        while len(refused) < 300 and not all(refusals_in(path) for path in directory.glob("counter_*.db")):
+            # A connection each: the kernel hands them to either worker; sent until both have refused some.
+            refused += [httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer fs-nope"}).status_code
+                        for _ in range(10)]
+            time.sleep(1.1)  # each worker writes its figures every second
+        scrapes = [value(families(httpx.get(f"{url}/metrics", headers=SCRAPE).text)["fadenstack_gateway_refusals"],
+                         code="invalid_api_key") for _ in range(6)]
+        each = sorted(refusals_in(path) for path in directory.glob("counter_*.db"))
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=15)
+
+    assert set(refused) == {401} and each[0] > 0 and sum(each) == len(refused), each
+    assert scrapes == [len(refused)] * 6, "whichever worker answers, the sum of both"
+
+
+def refusals_in(path) -> float:
+    """The refusals one worker's file holds."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    return sum(s.value for family in MultiProcessCollector.merge([str(path)]) if family.name == "fadenstack_gateway_refusals"
+               for s in family.samples)
