@@ -7,12 +7,14 @@ class ClustersConfig(AppConfig):
 
     def ready(self) -> None:
         from clusters import heartbeats, leftovers, nccl_tests, pages, services, steps
+        from clusters.metrics import ClustersCollector
         from clusters.pruning import health_checks_prune
         from console.pruning import register_pruner
         from clusters.runners.start import members_abandoned, start_abandoned
         from clusters.runners.stop import stop_abandoned
         from console import live
         from console.jobs import job_kind_register
+        from console.metrics import metrics_register
         from machines.cards import machine_card_register
         from machines.signals import machine_reconnected, machine_runtime_reported, machine_went_offline
 
@@ -36,6 +38,7 @@ class ClustersConfig(AppConfig):
         machine_card_register("leftovers", template="clusters/_machine_leftovers.html", context=leftovers.leftovers_card,
                               takes_role=True)
         register_pruner("health checks", health_checks_prune, keep_days_setting="FADEN_KEEP_CHECKS_DAYS")
+        metrics_register("clusters", ClustersCollector())
 
         def reconnected(sender, *, machine_id: int, name: str, **kwargs) -> None:
             services.cluster_machine_reconnected(machine_id=machine_id, name=name)

@@ -403,6 +403,14 @@ FADEN_GATEWAY_READ_TIMEOUT = float(os.environ.get("FADEN_GATEWAY_READ_TIMEOUT", 
 FADEN_GATEWAY_MAX_BODY = env_int("FADEN_GATEWAY_MAX_BODY", 32 * 1024 * 1024)
 # Figures, failure reports and live processes in Redis (the database number of REDIS_URL applies).
 FADEN_GATEWAY_REDIS_PREFIX = os.environ.get("FADEN_GATEWAY_REDIS_PREFIX", "faden:gateway")
+# /metrics of the console and the gateway (docs/gateway.md, "Metrics"): the bearer token Prometheus sends (empty:
+# the console's answers only a signed-in Administrator, the gateway's nobody); the gateway's without a token
+# (for a gateway only a private network reaches); where a gateway's workers add up their figures.
+FADEN_METRICS_TOKEN = os.environ.get("FADEN_METRICS_TOKEN", "").strip()
+if FADEN_METRICS_TOKEN and len(FADEN_METRICS_TOKEN) < 16:
+    raise ImproperlyConfigured("FADEN_METRICS_TOKEN must be at least 16 characters (openssl rand -hex 32 makes one).")
+FADEN_GATEWAY_METRICS_OPEN = env_bool("FADEN_GATEWAY_METRICS_OPEN")
+FADEN_GATEWAY_METRICS_DIR = Path(os.environ.get("FADEN_GATEWAY_METRICS_DIR", DATA_DIR / "gateway-metrics"))
 # The gateway's bounds against a hostile client (docs/gateway.md, "Bounds"), per gateway process: a request's
 # head at most MAX_HEAD bytes (431) and complete within HEAD_TIMEOUT s (408), MAX_CONNECTIONS connections (the
 # longest idle one gives way to a new one), an idle kept-alive connection closed after KEEPALIVE s.

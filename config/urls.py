@@ -7,6 +7,7 @@ from django.views.generic import RedirectView
 
 from clusters.agent_views import runtime_image_download
 from console import views
+from console.metrics import metrics
 from deployments.store.agent_views import model_file_download
 from machines.agent_views import agent_heartbeat
 
@@ -25,6 +26,7 @@ urlpatterns = [
     path("deployments/", include("deployments.urls")),
     path("gateway/", include("deployments.gateway_urls")),
     path("audit/", views.audit_list, name="audit"),
+    path("metrics", metrics, name="metrics"),  # for Prometheus: the token, or an Administrator (console/metrics.py)
     path("settings/", include("deployments.store.settings_urls")),
     path("profile/", include("machines.profile_urls")),
     path("agent/heartbeat/", agent_heartbeat, name="agent-heartbeat"),

@@ -9,13 +9,14 @@ class ConsoleConfig(AppConfig):
     def ready(self) -> None:
         from django.urls import register_converter
 
-        from console import accounts, audit_signals, dashboard, live_sessions, logins, params, roles, views
+        from console import accounts, audit_signals, dashboard, live_sessions, logins, metrics, params, roles, views
         from console.audit import audit_prune
         from console.jobs import jobs_prune
         from console.pruning import register_pruner
 
         dashboard.register(dashboard.Panel(name="recent-jobs", template="console/_recent_jobs.html", context=views.recent_jobs, order=30))
         register_pruner("jobs", jobs_prune, keep_days_setting="FADEN_KEEP_JOBS_DAYS")
+        metrics.metrics_register("jobs", metrics.JobsCollector())
         register_pruner("audit", audit_prune, keep_days_setting="FADEN_KEEP_AUDIT_DAYS")
         accounts.connect_signals()
         live_sessions.connect_signals()

@@ -9,8 +9,10 @@ class DeploymentsConfig(AppConfig):
         from clusters import hooks
         from console import live
         from console.jobs import job_kind_register
+        from console.metrics import metrics_register
         from deployments import drain, orphans, pages, serving
         from deployments.cluster_extension import DeploymentsExtension
+        from deployments.metrics import CopiesCollector, GpusCollector
         from deployments.store import downloads, machine_files, sources
         from deployments.store.pages import render_model_topic, render_models_topic
         from machines.cards import machine_card_register
@@ -24,6 +26,8 @@ class DeploymentsConfig(AppConfig):
         live.register("model", render_model_topic, takes=live.an_id)
         live.register("deployments", pages.render_deployments_topic)
         live.register("deployment", pages.render_deployment_topic, takes=live.an_id)
+        metrics_register("copies", CopiesCollector())
+        metrics_register("gpus", GpusCollector())
 
         # A download survives its worker: huggingface_hub's partial files let another one go on.
         job_kind_register(downloads.KIND, task="deployments.tasks.model_download", resumable=True,

@@ -8,8 +8,10 @@ class MachinesConfig(AppConfig):
     def ready(self) -> None:
         from console import dashboard, live
         from console.jobs import job_kind_register
+        from console.metrics import metrics_register
         from console.pruning import register_pruner
         from machines import enrolment, services, ssh_certificates, steps, views
+        from machines.metrics import MachinesCollector
 
         live.register("machines", views.render_machines_topic, may_see=views.may_see_machines_topic,
                       takes=live.one_of("", "summary"))
@@ -35,3 +37,4 @@ class MachinesConfig(AppConfig):
         job_kind_register(steps.UPDATE_AGENT.kind, task="machines.tasks.machine_update_agent")
         register_pruner("machine events", services.machine_events_prune, keep_days_setting="FADEN_KEEP_EVENTS_DAYS")
         register_pruner("ssh certificates", ssh_certificates.certificates_prune, keep_days_setting="FADEN_KEEP_CERTIFICATES_DAYS")
+        metrics_register("machines", MachinesCollector())

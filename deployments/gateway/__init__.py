@@ -14,6 +14,8 @@ the prompt's prefix in its cache (``app.py``). The modules, each for one thing:
 - ``failures.py``: a copy that refused a connection, reported on a Redis list the console's health
   check reads;
 - ``upstream.py``: keep-alive connections to the copies (asyncio and httptools' parser);
+- ``metrics.py``: ``GET /metrics`` in Prometheus's text format, counted in memory on the request path;
+  ``metrics_files.py`` adds up the figures of workers sharing a port (prometheus_client's multiprocess files);
 - ``app.py``: the ASGI application.
 
 Only ``keys``, ``traffic`` and ``failures`` are imported by the console's own processes: the others

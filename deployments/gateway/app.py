@@ -1,7 +1,8 @@
 """The gateway's ASGI application: OpenAI's API in front of every serving copy.
 
 ``GET /v1/models``, ``GET /v1/models/<name>``, and ``POST /v1/chat/completions``, ``/v1/completions``,
-``/v1/embeddings``, with ``Authorization: Bearer <key>``; ``GET /health`` (no key) for load balancers.
+``/v1/embeddings``, with ``Authorization: Bearer <key>``; ``GET /health`` (no key) for load balancers;
+``GET /metrics`` for Prometheus, with the metrics token (``metrics.py``).
 
 A request's ``model`` names a deployment (names are unique across the console). It goes to the copy
 with the fewest requests in flight in this process (ties take turns), or for a deployment routed cache-aware to
@@ -27,6 +28,7 @@ import time
 
 from deployments.gateway import keys, upstream
 from deployments.gateway.background import BackgroundWork, GatewayConfig
+from deployments.gateway.metrics import Answer, GatewayMetrics, MetricsConfig
 from deployments.gateway.routes import CopyRoute, DeploymentRoute, KeyEntry, snapshot_load
 
 FORWARDED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
@@ -46,15 +48,16 @@ class ClientGone(Exception):
 class Gateway:
     """The ASGI application (one per process): the request path. ``load`` reads the tables (the database by default)."""
 
-    def __init__(self, config: GatewayConfig, *, load=snapshot_load):
+    def __init__(self, config: GatewayConfig, *, load=snapshot_load, metrics: MetricsConfig | None = None):
         self.config = config
         self.background = BackgroundWork(config, load=load)
         self.table = self.background.table  # read here on each request, refreshed in place by the background work
         self.pool: upstream.Pool | None = None
+        self.metrics = GatewayMetrics(self.table, metrics)  # GET /metrics (metrics.py)
 
     @classmethod
     def from_settings(cls) -> Gateway:
-        return cls(GatewayConfig.from_settings())
+        return cls(GatewayConfig.from_settings(), metrics=MetricsConfig.from_settings())
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
@@ -84,8 +87,10 @@ class Gateway:
         routes) and the loops."""
         self.pool = upstream.Pool(connect_timeout=self.config.connect_timeout)
         await self.background.start(self.pool)
+        self.metrics.start()
 
     async def stop(self) -> None:
+        await self.metrics.stop()
         await self.background.stop()
         if self.pool is not None:
             self.pool.close()
@@ -97,9 +102,13 @@ class Gateway:
         if path == "/health":
             await _answer(send, 200, b'{"status":"ok"}')
             return
+        if path == "/metrics":  # for Prometheus, with the metrics token rather than a key
+            await self.metrics.scrape(scope, send)
+            return
         key = self.authenticate(scope["headers"])
         if not isinstance(key, KeyEntry):
             self.background.counts.refused += 1
+            self.metrics.refused("invalid_api_key")
             await _error(send, 401, key, code="invalid_api_key")
             return
         self.background.keys_used[key.id] = time.time()
@@ -180,8 +189,9 @@ class Gateway:
         state = {"done": False, "gone": False}
         watcher = asyncio.ensure_future(_watch_disconnect(receive, task, state))
         error = True
+        answer = Answer(send)  # notes the status, the first chunk and the usage for the metrics
         try:
-            error = await self._send_to_a_copy(scope, receive, send, route, body, stream, keys)
+            error = await self._send_to_a_copy(scope, receive, answer, route, body, stream, keys)
         except asyncio.CancelledError:
             if not state["gone"]:
                 raise
@@ -191,6 +201,7 @@ class Gateway:
             state["done"] = True
             watcher.cancel()
             self.background.counts.record(route.id, seconds=time.perf_counter() - started, error=error)
+            self.metrics.record(route.name, answer, started, error)
 
     async def _send_to_a_copy(self, scope, receive, send, route: DeploymentRoute, body: bytes, stream: bool,
                               keys: list[int] | None = None) -> bool:
@@ -276,6 +287,7 @@ class Gateway:
                       kind: str = "invalid_request_error", counted: bool = True) -> None:
         if counted:
             self.background.counts.refused += 1
+            self.metrics.refused(code)
         await _error(send, status, message, code=code, param=param, kind=kind)
 
 
