@@ -19,10 +19,15 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from deployments.gateway.routes import CopyRoute
+
+class CopyRoute(Protocol):
+    """What the choice reads of a copy (routes.CopyRoute has it; routes imports this module, not the reverse)."""
+
+    id: int
+    in_flight: int
+    out_since: float | None
 
 DEFAULT_ENTRIES = 100_000  # keys kept (FADEN_GATEWAY_PREFIX_ENTRIES)
 DEFAULT_BOUND = 8  # requests in flight a holder may have above the least busy copy (FADEN_GATEWAY_PREFIX_BOUND)
