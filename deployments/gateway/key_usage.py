@@ -16,6 +16,7 @@ hour in the set ``<prefix>:usage:dirty``. The console's beat task takes the dirt
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 FIGURES = ("requests", "errors", "refused", "prompt_tokens", "completion_tokens")
@@ -23,6 +24,8 @@ KEEP_SECONDS = 2 * 24 * 3600  # an hour's hash in Redis: long enough for a conso
 STREAM_TAIL = 8192  # bytes of a stream kept to find its usage (the last event but [DONE])
 TOKENS_MAX = 10**12  # a count past this in an answer is not believed (a copy's bug, or not a count at all)
 _decoder = json.JSONDecoder()
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*([0-9]{1,15})\s*[,}]')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*([0-9]{1,15})\s*[,}]')
 
 
 def hour_of(at: float) -> int:
@@ -103,8 +106,9 @@ class AnswerTap:
         self.tail = bytearray()
 
     async def send(self, message) -> None:
-        if message["type"] == "http.response.body":
-            chunk = message.get("body", b"")
+        kind = message["type"]
+        if kind == "http.response.body":
+            chunk = message.get("body")
             if chunk:
                 if self.streamed:
                     tail = self.tail
@@ -113,10 +117,12 @@ class AnswerTap:
                         del tail[:-STREAM_TAIL]
                 else:
                     self.chunks.append(chunk)
-        elif message["type"] == "http.response.start":
+        elif kind == "http.response.start":
             self.status = message["status"]
-            self.streamed = any(name == b"content-type" and value.startswith(b"text/event-stream")
-                                for name, value in message.get("headers", ()))
+            for name, value in message.get("headers", ()):
+                if name == b"content-type":
+                    self.streamed = value.startswith(b"text/event-stream")
+                    break
         await self._send(message)
 
     def tokens(self) -> tuple[int, int]:
@@ -145,6 +151,13 @@ def usage_of(data: bytes) -> tuple[int, int]:
             start += 1
         if data[start:start + 1] != b"{":
             continue  # null, or not the object
+        # The counts come before any object inside usage (OpenAI's *_details, vLLM's prompt_tokens_details): read
+        # them up to the first "}" without parsing JSON; parse the object only when they are not both there.
+        close = data.find(b"}", start, start + 4096)
+        prompt = _PROMPT.search(data, start, close + 1) if close > 0 else None
+        completion = _COMPLETION.search(data, start, close + 1) if close > 0 else None
+        if prompt is not None and (completion is not None or b'"completion_tokens"' not in data[start:close]):
+            return _counts({"prompt_tokens": int(prompt[1]), "completion_tokens": int(completion[1]) if completion else 0})
         usage = _object_at(data, start)
         if usage is None:
             continue
