@@ -24,6 +24,7 @@ KEEP_SECONDS = 2 * 24 * 3600  # an hour's hash in Redis: long enough for a conso
 STREAM_TAIL = 8192  # bytes of a stream kept to find its usage (the last event but [DONE])
 TOKENS_MAX = 10**12  # a count past this in an answer is not believed (a copy's bug, or not a count at all)
 _decoder = json.JSONDecoder()
+_USAGE = re.compile(rb'"usage"\s*:\s*\{')
 _PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*([0-9]{1,15})\s*[,}]')
 _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*([0-9]{1,15})\s*[,}]')
 
@@ -143,21 +144,18 @@ def usage_of(data: bytes) -> tuple[int, int]:
     end = len(data)
     while (at := data.rfind(b'"usage"', 0, end)) >= 0:
         end = at
-        colon = data.find(b":", at + 7, at + 64)
-        if colon < 0:
-            continue
-        start = colon + 1
-        while start < len(data) and data[start] in b" \t\r\n":
-            start += 1
-        if data[start:start + 1] != b"{":
+        opened = _USAGE.match(data, at)
+        if opened is None:
             continue  # null, or not the object
+        start = opened.end() - 1
         # The counts come before any object inside usage (OpenAI's *_details, vLLM's prompt_tokens_details): read
         # them up to the first "}" without parsing JSON; parse the object only when they are not both there.
-        close = data.find(b"}", start, start + 4096)
-        prompt = _PROMPT.search(data, start, close + 1) if close > 0 else None
-        completion = _COMPLETION.search(data, start, close + 1) if close > 0 else None
-        if prompt is not None and (completion is not None or b'"completion_tokens"' not in data[start:close]):
-            return _counts({"prompt_tokens": int(prompt[1]), "completion_tokens": int(completion[1]) if completion else 0})
+        close = data.find(b"}", start, start + 4096) + 1
+        if close:
+            prompt = _PROMPT.search(data, start, close)
+            completion = _COMPLETION.search(data, start, close)
+            if prompt is not None and (completion is not None or data.find(b'"completion_tokens"', start, close) < 0):
+                return _count(int(prompt[1])), _count(int(completion[1])) if completion is not None else 0
         usage = _object_at(data, start)
         if usage is None:
             continue
@@ -177,6 +175,10 @@ def _object_at(data: bytes, start: int) -> dict | None:
             continue
         return value if isinstance(value, dict) else None
     return None
+
+
+def _count(value: int) -> int:
+    return value if value <= TOKENS_MAX else 0
 
 
 def _counts(usage) -> tuple[int, int]:

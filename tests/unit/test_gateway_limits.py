@@ -293,6 +293,8 @@ def test_the_usage_of_an_answer_is_read_from_its_own_usage_object():
     assert usage_of(vllm_shape) == (3, 16)
     assert usage_of(embeddings) == (8, 0)
     assert usage_of(b'{"choices":[]}') == (0, 0)
+    assert usage_of(b'{"usage": {"prompt_tokens_details": {"cached_tokens": 1}, "prompt_tokens": 5, '
+                    b'"completion_tokens": 2}}') == (5, 2), "counts after an object inside: the object parsed"
     assert usage_of(b'{"usage":{"prompt_tokens":-4,"completion_tokens":"7"}}') == (0, 0), "not counts: not believed"
 
 
