@@ -96,7 +96,8 @@ def test_each_key_shows_its_last_24_hours_and_a_bar_per_hour():
     html = unescape(signed_in(roles.VIEWER).get("/gateway/").content.decode())
 
     shown = row_of(html, busy)
-    assert "<strong>1,234</strong> requests" in shown and "54,000 tokens (50,000 in, 4,000 out)" in shown
+    assert "<strong>1,234</strong> requests" in shown and "54.0 K tokens" in shown
+    assert 'title="50,000 in (prompts), 4,000 out (completions)"' in shown
     assert "3 errors" in shown and "7 over the limit" in shown
     assert "1,200 requests this hour" in shown and "34 requests 5 h ago" in shown and shown.count('class="spark__bar"') == 2
     assert "<strong>0</strong> requests" in row_of(html, idle) and "spark" not in row_of(html, idle)
