@@ -70,6 +70,9 @@ class UsageCounts:
             else:
                 mine.add(figures)
 
+    def drop_before(self, hour: int) -> None:
+        self.hours = {slot: figures for slot, figures in self.hours.items() if slot[0] >= hour}
+
     def __bool__(self) -> bool:
         return bool(self.hours)
 

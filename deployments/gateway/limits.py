@@ -27,6 +27,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from deployments.gateway.key_usage import KEEP_SECONDS as USAGE_KEEP_SECONDS
 from deployments.gateway.key_usage import AnswerTap, UsageCounts, usage_add
 from deployments.gateway.routes import KeyEntry
 
@@ -34,6 +35,7 @@ log = logging.getLogger("fadenstack.gateway")
 
 MINUTE = 60
 KEEP_SECONDS = 3 * MINUTE  # a minute's hash in Redis: read for itself and as the minute before, then gone
+KEEP_USAGE_HOURS = USAGE_KEEP_SECONDS // 3600  # usage a process keeps while Redis does not answer
 EPSILON = 1e-9  # the weights are floats: a request waiting exactly Retry-After is let in
 
 
@@ -178,6 +180,7 @@ class Limits:
                     mine[0] += counts[0]
                     mine[1] += counts[1]
             usage.merge(self.usage)
+            usage.drop_before(int(self.clock() // 3600) - KEEP_USAGE_HOURS)  # Redis would have let them go by now
             self.usage = usage
             words = f"{type(exc).__name__}: {exc}"
             if words != self.flush_error:
