@@ -26,10 +26,8 @@ copy behind TLS does), each the one copy of a deployment of its own on the same 
 the gateway to each, on kept-alive connections, one at a time and 16 at a time. It reports the added latency
 p50 and p99 (goal: at most 0.3 ms at p50) and the requests per second at 16 concurrent against plain.
 
-``--limits`` measures what a key's limits cost a request (deployments/gateway/limits.py): first the check in
-this process (``Limits.admit`` and ``answered`` with the answer's tap, for a key without limits and one with
-both), then through the gateway, a key with limits too high to refuse against one without, in alternating
-rounds, whole answers at 1 and 16 concurrent: the added p50 and p99 and the gateway's CPU per request.
+``--limits`` measures what a key's limits cost a request (bench/gateway_limits.py): the check's CPU in this
+process, then a key with limits against one without through the gateway.
 
 The engine answers ``--tokens`` words (16), ``--pause`` seconds apart when streamed (0: as fast as it
 can, the gateway's share at its largest). ``--engine lab`` runs ``lab/stubs/vllm`` on a tiny model it
@@ -58,6 +56,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import gateway_limits  # noqa: E402 (--limits: bench/gateway_limits.py)
+
 PYTHON = sys.executable
 MODEL = "bench"
 GOALS = {"added_p50_ms": 3.0, "added_p99_ms": 15.0, "rps_ratio": 0.70}
@@ -244,103 +244,6 @@ def tls_report(results: dict) -> dict:
     return {"tls_added_p50_ms": added_p50 * 1000, "tls_added_p99_ms": added_p99 * 1000, "tls_rps_ratio": ratio,
             "gateway_cpu_us_tls": gateway_us["tls"], "gateway_cpu_us_plain": gateway_us["plain"],
             "tls_rps": many["tls"]["rps"], "plain_rps": many["plain"]["rps"]}
-
-
-# -- what a key's limits cost (--limits) ----------------------------------------------------------------------
-
-
-def limits_key() -> str:
-    """A second key, with limits no run reaches (so every request is checked and none refused)."""
-    from deployments.gateway_keys import gateway_key_create
-
-    return gateway_key_create(name="bench-limited", requests_per_minute=10_000_000, tokens_per_minute=10**12)[1]
-
-
-def limits_check_cost(rounds: int = 100_000) -> dict:
-    """Microseconds a request spends in limits.py and key_usage.py: the check, the tap of a whole answer (its
-    start and one body chunk) and the reading of its usage, for a key without limits and one with both, less
-    the two sends the gateway makes anyway."""
-    from deployments.gateway.key_usage import AnswerTap
-    from deployments.gateway.limits import Limits
-    from deployments.gateway.routes import KeyEntry
-
-    body = json.dumps({"id": "chatcmpl-bench", "object": "chat.completion", "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": "the gateway passes each token on " * 4}}],
-        "usage": {"prompt_tokens": 12, "completion_tokens": 16, "total_tokens": 28}}).encode()
-    start = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
-    chunk = {"type": "http.response.body", "body": body}
-
-    async def sent(message):
-        pass
-
-    async def one(limits, key) -> None:
-        if key is None:  # what the gateway does anyway: send the answer on
-            await sent(start)
-            await sent(chunk)
-            return
-        limits.admit(key)
-        tap = AnswerTap(sent)
-        await tap.send(start)
-        await tap.send(chunk)
-        limits.answered(key, tap, error=False)
-
-    async def timed(key) -> float:
-        limits = Limits()
-        for _ in range(1000):
-            await one(limits, key)
-        began = time.process_time()  # this process's CPU: what other processes on the machine take is left out
-        for _ in range(rounds):
-            await one(limits, key)
-        return (time.process_time() - began) / rounds * 1e6
-
-    free = KeyEntry(id=1, allowed=None)
-    limited = KeyEntry(id=2, allowed=None, requests_per_minute=10**9, tokens_per_minute=10**15, limited=True)
-    found = {"sending": [], "without": [], "with": []}
-    for _ in range(5):  # alternating, the best of five each: what the machine's other work leaves
-        for name, key in (("sending", None), ("without", free), ("with", limited)):
-            found[name].append(asyncio.run(timed(key)))
-    best = {name: min(values) for name, values in found.items()}
-    return {"without": best["without"] - best["sending"], "with": best["with"] - best["sending"]}
-
-
-def limits_through_gateway(url: str, free_secret: str, limited_secret: str, processes: dict, args) -> dict:
-    """Whole answers through the gateway with each key, in alternating short rounds (as --tls does)."""
-    results = {}
-    keys = (("without", free_secret), ("with", limited_secret))
-    for concurrency in (1, 16):
-        pair = {}
-        for turn in range(TLS_ROUNDS):
-            for name, secret in (keys if turn % 2 == 0 else keys[::-1]):
-                one = measure(url, request_bytes(url, secret, stream=False), processes, concurrency=concurrency,
-                              requests=args.requests // TLS_ROUNDS, seconds=args.seconds / TLS_ROUNDS)
-                pair[name] = merged(pair.get(name), one)
-        results[concurrency] = pair
-    return results
-
-
-def limits_report(check: dict, results: dict) -> dict:
-    one, many = results[1], results[16]
-    added_p50 = (quantile(one["with"]["latency"], .5) - quantile(one["without"]["latency"], .5)) * 1e6
-    added_p99 = (quantile(one["with"]["latency"], .99) - quantile(one["without"]["latency"], .99)) * 1e6
-    cpu = {name: many[name]["cpu"]["gateway"] / many[name]["rps"] * 1e6 for name in ("without", "with")}
-    lines = [f"Machine: {platform.machine()}, {psutil.cpu_count()} CPUs, Python {platform.python_version()}", "",
-             f"The check in this process, CPU per request (admit, the answer's tap, its usage read; less the two sends "
-             f"it wraps): {check['without']:.1f} us for a key without limits, {check['with']:.1f} us with both limits",
-             "", f"{'conc':>5}  {'key':<9}{'requests':>9}{'req/s':>9}{'p50':>11}{'p99':>11}   gateway CPU per request"]
-    for concurrency, pair in results.items():
-        for name in ("without", "with"):
-            r = pair[name]
-            lines.append(f"{concurrency:>5}  {name + ' limits':<9}{r['requests']:>9}{r['rps']:>9.0f}{ms(quantile(r['latency'], .5)):>11}"
-                         f"{ms(quantile(r['latency'], .99)):>11}   {r['cpu']['gateway'] / r['rps'] * 1e6:.0f} us"
-                         f"{f'  ({r['failed']} failed)' if r['failed'] else ''}")
-    lines += ["", f"Added by the limits through the gateway at 1 concurrent: p50 {added_p50:+.0f} us, p99 {added_p99:+.0f} us; "
-                  f"requests per second at 16 concurrent: {many['with']['rps']:.0f} with, {many['without']['rps']:.0f} without "
-                  f"({many['with']['rps'] / many['without']['rps']:.0%}); the gateway's CPU per request {cpu['with']:.0f} us "
-                  f"with, {cpu['without']:.0f} us without"]
-    print("\n".join(lines))
-    return {"check_us_without": check["without"], "check_us_with": check["with"], "added_p50_us": added_p50,
-            "added_p99_us": added_p99, "rps_with": many["with"]["rps"], "rps_without": many["without"]["rps"],
-            "gateway_cpu_us_with": cpu["with"], "gateway_cpu_us_without": cpu["without"]}
 
 
 def gateway_start(work: Path, env: dict) -> tuple[str, subprocess.Popen]:
@@ -557,15 +460,16 @@ def main() -> None:
         if args.tls:
             _, engine_tls = tls_engine_start(args, work)
             started.append(engine_tls)
-        limited_secret = limits_key() if args.limits else None
+        limited_secret = gateway_limits.limits_key() if args.limits else None
         gateway_url, gateway = gateway_start(work, env)
         started.append(gateway)
         processes = {"gateway": gateway_worker(gateway), "client": psutil.Process()}
         if engine is not None:
             processes["engine"] = psutil.Process(engine.pid)
         if args.limits:
-            summary = limits_report(limits_check_cost(), limits_through_gateway(
-                gateway_url, secret, limited_secret, processes, args))
+            summary = gateway_limits.limits_report(sys.modules[__name__], gateway_limits.limits_check_cost(),
+                                                   gateway_limits.limits_through_gateway(
+                                                       sys.modules[__name__], gateway_url, secret, limited_secret, processes, args))
             if args.json:
                 Path(args.json).write_text(json.dumps({"summary": summary}, indent=2))
             return
