@@ -7,6 +7,7 @@
     .venv/bin/python bench/gateway.py --tokens 64 --pause 0.005 --json out.json
     .venv/bin/python bench/gateway.py --tls                            # mutual TLS to the copy against plain
     .venv/bin/python bench/gateway.py --workload shared-prefix         # cache-aware routing against least busy
+    .venv/bin/python bench/gateway.py --limits                         # a key with limits against one without
 
 It makes a console of its own (SQLite in a temporary directory, Redis at REDIS_URL under a prefix of
 its own), records one deployment whose one serving copy is the engine, and a key; starts the gateway as
@@ -25,6 +26,9 @@ and one serving HTTPS with a certificate of the console's authority and requirin
 copy behind TLS does), each the one copy of a deployment of its own on the same gateway; whole answers through
 the gateway to each, on kept-alive connections, one at a time and 16 at a time. It reports the added latency
 p50 and p99 (goal: at most 0.3 ms at p50) and the requests per second at 16 concurrent against plain.
+
+``--limits`` measures what a key's limits cost a request (bench/gateway_limits.py): the check's CPU in this
+process, then a key with limits against one without through the gateway.
 
 The engine answers ``--tokens`` words (16), ``--pause`` seconds apart when streamed (0: as fast as it
 can, the gateway's share at its largest). ``--engine lab`` runs ``lab/stubs/vllm`` on a tiny model it
@@ -57,6 +61,8 @@ import shared_prefix  # bench/shared_prefix.py, beside this file
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import gateway_limits  # noqa: E402 (--limits: bench/gateway_limits.py)
+
 PYTHON = sys.executable
 MODEL = "bench"
 GOALS = {"added_p50_ms": 3.0, "added_p99_ms": 15.0, "rps_ratio": 0.70}
@@ -437,7 +443,10 @@ def main() -> None:
                         help="the gateway's overhead against the engine (the default), or cache-aware routing against "
                              "least busy on conversations sharing long prefixes (bench/shared_prefix.py)")
     shared_prefix.add_arguments(parser)
+    parser.add_argument("--limits", action="store_true", help="a key with limits against one without, through the gateway")
     args = parser.parse_args()
+    if args.tls and args.limits:
+        parser.error("--tls and --limits each run a comparison of their own: give one")
     if args.tls and (args.engine != "builtin" or args.engine_url):
         parser.error("--tls runs the builtin engine twice (plain and behind TLS): leave out --engine and --engine-url")
     MODEL = args.model
@@ -463,11 +472,19 @@ def main() -> None:
         if args.tls:
             _, engine_tls = tls_engine_start(args, work)
             started.append(engine_tls)
+        limited_secret = gateway_limits.limits_key() if args.limits else None
         gateway_url, gateway = gateway_start(work, env)
         started.append(gateway)
         processes = {"gateway": gateway_worker(gateway), "client": psutil.Process()}
         if engine is not None:
             processes["engine"] = psutil.Process(engine.pid)
+        if args.limits:
+            summary = gateway_limits.limits_report(sys.modules[__name__], gateway_limits.limits_check_cost(),
+                                                   gateway_limits.limits_through_gateway(
+                                                       sys.modules[__name__], gateway_url, secret, limited_secret, processes, args))
+            if args.json:
+                Path(args.json).write_text(json.dumps({"summary": summary}, indent=2))
+            return
         if args.tls:
             # Plain and TLS in alternating short rounds (the order swapped each round), so that what else runs on
             # the machine weighs on both alike; the rounds of each are put together.

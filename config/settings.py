@@ -240,6 +240,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "deployments.tasks.gateway_failures",
         "schedule": timedelta(seconds=env_int("FADEN_GATEWAY_FAILURES_TICK", 2)),
     },
+    # The keys' usage the gateways count in Redis, written to the database by the hour (deployments/gateway_usage.py).
+    "deployments-gateway-usage": {
+        "task": "deployments.tasks.gateway_usage_copy",
+        "schedule": timedelta(seconds=env_int("FADEN_GATEWAY_USAGE_TICK", 15)),
+    },
 }
 
 # Old records are pruned by age every hour (console.pruning); 0 keeps them for ever.
@@ -248,6 +253,7 @@ FADEN_KEEP_JOBS_DAYS = env_int("FADEN_KEEP_JOBS_DAYS", 90)  # finished jobs; que
 FADEN_KEEP_CHECKS_DAYS = env_int("FADEN_KEEP_CHECKS_DAYS", 7)  # clusters' health checks: about 1,440 a day each
 FADEN_KEEP_AUDIT_DAYS = env_int("FADEN_KEEP_AUDIT_DAYS", 365)  # the audit trail: who did what
 FADEN_KEEP_CERTIFICATES_DAYS = env_int("FADEN_KEEP_CERTIFICATES_DAYS", 90)  # records of SSH certificates signed
+FADEN_KEEP_KEY_USAGE_DAYS = env_int("FADEN_KEEP_KEY_USAGE_DAYS", 30)  # the gateway keys' usage by the hour
 CELERY_BEAT_SCHEDULE["prune-old-records"] = {"task": "console.tasks.prune_old_records", "schedule": timedelta(hours=1)}
 
 # Jobs: a running job's worker beats its row; a job silent for FADEN_JOB_STALE seconds lost it.

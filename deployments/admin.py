@@ -22,10 +22,11 @@ class DeploymentAdmin(RecordAdmin):
 
 @admin.register(GatewayKey)
 class GatewayKeyAdmin(RecordAdmin):
-    """Made and revoked on the Gateway page or the API (the secret is shown once, there); read here. Deleting
+    """Made, limited and revoked on the Gateway page or the API (the secret is shown once, there); read here. Deleting
     one here would leave no record of it: revoke it instead."""
 
-    list_display = ["name", "prefix", "deployments", "created_by", "created_at", "last_used_at", "revoked_at"]
+    list_display = ["name", "prefix", "deployments", "requests_per_minute", "tokens_per_minute", "created_by", "created_at",
+                    "last_used_at", "revoked_at"]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "prefix"]
     exclude = ["key_hash"]

@@ -10,7 +10,8 @@ class DeploymentsConfig(AppConfig):
         from console import live
         from console.jobs import job_kind_register
         from console.metrics import metrics_register
-        from deployments import drain, orphans, pages, serving
+        from console.pruning import register_pruner
+        from deployments import drain, gateway_usage, orphans, pages, serving
         from deployments.cluster_extension import DeploymentsExtension
         from deployments.metrics import CopiesCollector, GpusCollector
         from deployments.store import downloads, machine_files, sources
@@ -45,6 +46,8 @@ class DeploymentsConfig(AppConfig):
         job_kind_register(orphans.TAKE_KIND, task="deployments.tasks.orphan_take")
         # A drain survives its worker: each move is keyed by the copy, so none starts twice.
         job_kind_register(drain.KIND, task="deployments.tasks.machine_drain", resumable=True, on_failed=drain.drain_abandoned)
+
+        register_pruner("gateway key usage", gateway_usage.usage_prune, keep_days_setting="FADEN_KEEP_KEY_USAGE_DAYS")
 
         hooks.cluster_stopping.connect(_cluster_stopping, dispatch_uid="deployments-stopping")
         hooks.cluster_running.connect(_cluster_running, dispatch_uid="deployments-running")

@@ -1,5 +1,6 @@
-"""The Gateway page: the URL clients use, its keys (create one and see its secret once, revoke one) and its
-traffic, read from what the gateway processes write to Redis (``deployments/gateway/``)."""
+"""The Gateway page: the URL clients use, its keys (create one and see its secret once, change its limits,
+revoke one) with their usage over the last day, and its traffic, read from what the gateway processes write to
+Redis (``deployments/gateway/``)."""
 from __future__ import annotations
 
 from django.conf import settings
@@ -15,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from console import params, roles
 from console.roles import role_of
-from deployments import gateway_keys
+from deployments import gateway_keys, gateway_usage
 from deployments.choices import ROUTED
 from deployments.gateway import failures, traffic
 from deployments.models import Deployment, GatewayKey
@@ -76,6 +77,10 @@ def gateway_page(request, role: roles.Role | None, *, created: tuple | None = No
     keys = Paginator(GatewayKey.objects.filter(revoked_at__isnull=True).select_related("created_by")
                      .order_by("-created_at", "-pk"), KEYS_PER_PAGE).get_page(params.int_param(request.GET, "keys"))
     revoked = GatewayKey.objects.filter(revoked_at__isnull=False).select_related("revoked_by").order_by("-revoked_at")
+    usage = gateway_usage.usage_last_day([key.pk for key in keys])
+    for key in keys:
+        key.day = usage[key.pk]
+        key.limits_words = gateway_keys.limits_in_words(key)
     live = traffic_figures(request)
     rows = live["rows"]
     secret = created[1] if created else ""
@@ -92,6 +97,7 @@ def gateway_page(request, role: roles.Role | None, *, created: tuple | None = No
         "names": list(Deployment.objects.order_by("name").values_list("name", flat=True)[:500]),
         "create": gateway_keys.KEY_CREATE.offer(role),
         "revoke": gateway_keys.KEY_REVOKE.offer(role),
+        "change_limits": gateway_keys.KEY_LIMITS.offer(role),
         "created": created[0] if created else None,
         "secret": secret,
         "example_model": example,
@@ -132,18 +138,36 @@ def gateway_key_create(request):
     Not a redirect to the page: the secret would have to wait somewhere (the session) to be shown there.
     Its message names the key, not the secret (messages are the audit trail's words)."""
     name, names = request.POST.get("name", ""), request.POST.getlist("deployments")
+    limits = {field: request.POST.get(field, "") for field in gateway_keys.LIMITS}
     role = role_of(request.user)
     try:
-        key, secret = gateway_keys.gateway_key_create(name=name, deployments=names, user=request.user)
+        key, secret = gateway_keys.gateway_key_create(name=name, deployments=names, user=request.user, **limits)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
         return render(request, "deployments/gateway.html",
-                      gateway_page(request, role, form={"name": name, "deployments": names}), status=400)
-    messages.success(request, f"Created the key {key.name} ({key.prefix}…): copy it now, it is shown only this once.")
+                      gateway_page(request, role, form={"name": name, "deployments": names, **limits}), status=400)
+    limited = f" Limits: {gateway_keys.limits_in_words(key)}." if key.limited else ""
+    messages.success(request, f"Created the key {key.name} ({key.prefix}…): copy it now, it is shown only this once.{limited}")
     response = render(request, "deployments/gateway.html", gateway_page(request, role, created=(key, secret)),
                       status=201)
     response["Cache-Control"] = "no-store"
     return response
+
+
+@require_POST
+def gateway_key_limits(request, pk: int):
+    """Change a key's limits (the dialog of its row); a refusal is the page again, a 400 with the words."""
+    key = get_object_or_404(GatewayKey, pk=pk)
+    limits = {field: request.POST.get(field, "") for field in gateway_keys.LIMITS}
+    try:
+        gateway_keys.gateway_key_limits_change(key=key, user=request.user, **limits)
+    except ValidationError as exc:
+        messages.error(request, f"The limits of {key.name} stay as they were: {' '.join(exc.messages)}")
+        return render(request, "deployments/gateway.html", gateway_page(request, role_of(request.user)), status=400)
+    words = f"a limit of {gateway_keys.limits_in_words(key)}" if key.limited else "no limit"
+    messages.success(request, f"The key {key.name} ({key.prefix}…) now has {words}: the gateway holds it to that "
+                              "within a second.")
+    return redirect("gateway:page")
 
 
 @require_POST

@@ -258,6 +258,10 @@ class GatewayKey(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True, help_text="Written by the gateway, at most once a minute")
     revoked_at = models.DateTimeField(null=True, blank=True)
     revoked_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests the gateway lets through a minute; empty: no limit (deployments/gateway/limits.py)")
+    tokens_per_minute = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Prompt and completion tokens a minute; empty: no limit")
 
     class Meta:
         ordering = ["-created_at", "-pk"]
@@ -269,6 +273,34 @@ class GatewayKey(models.Model):
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+    @property
+    def limited(self) -> bool:
+        return self.requests_per_minute is not None or self.tokens_per_minute is not None
+
+
+class KeyUsage(models.Model):
+    """What one gateway key did in one hour, added up over every gateway process: the gateways count in Redis,
+    a beat task copies the hours that changed here (deployments/gateway_usage.py), kept FADEN_KEEP_KEY_USAGE_DAYS.
+
+    ``requests`` were sent on to a copy (``errors`` among them: answers of 500 and above, copies that could not
+    be reached); ``refused`` were over the key's limits (429, not sent on). Tokens are the copies' ``usage``."""
+
+    key = models.ForeignKey(GatewayKey, on_delete=models.CASCADE, related_name="usage")
+    hour = models.DateTimeField(help_text="The hour's start (UTC)")
+    requests = models.PositiveBigIntegerField(default=0)
+    errors = models.PositiveBigIntegerField(default=0)
+    refused = models.PositiveBigIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["key", "hour"]
+        constraints = [models.UniqueConstraint(fields=["key", "hour"], name="key_usage_unique")]
+        indexes = [models.Index(fields=["hour"], name="key_usage_hour")]
+
+    def __str__(self) -> str:
+        return f"{self.key_id} at {self.hour:%Y-%m-%d %H}:00"
 
 
 class Drain(models.Model):

@@ -6,7 +6,7 @@ from clusters.lifecycle import cluster_changed
 from console import live
 from console.jobs import job_run
 from console.models import Job
-from deployments import copy_health, drain, drain_job, orphans, rollout, serving
+from deployments import copy_health, drain, drain_job, gateway_usage, orphans, rollout, serving
 from deployments.store import downloads, machine_files, sources
 
 
@@ -102,3 +102,9 @@ def copy_look(copy_id: int, look: int, unwell_since: float | None) -> str:
 def gateway_failures() -> int:
     """Take the gateway's reports of copies it could not reach; each is looked at twice, then restarted."""
     return copy_health.gateway_failures()
+
+
+@shared_task
+def gateway_usage_copy() -> int:
+    """The keys' usage the gateways counted in Redis since the last run, written to the database by the hour."""
+    return gateway_usage.usage_copy()

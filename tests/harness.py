@@ -35,6 +35,7 @@ INTERVALS = {
     "FADEN_OFFLINE_AFTER": "6",  # three beats missed, as the modules without beat of their own use
     "FADEN_OFFLINE_TICK": "2",
     "FADEN_SSH_CONNECT_TIMEOUT": "5",  # a powered-off machine is given up on in 5 s, not 10
+    "FADEN_GATEWAY_USAGE_TICK": "2",  # the keys' usage copied from Redis to the database
 }
 
 T = TypeVar("T")

@@ -4,7 +4,8 @@ threaded HTTP server, keep-alive (HTTP/1.1), answering as vLLM's server does.
 - ``GET /health`` (200), ``GET /v1/models``;
 - ``POST /v1/chat/completions`` and ``/v1/completions``: ``tokens`` words, streamed as server-sent
   events (``stream: true``: one event per token, each written and flushed on its own, ``pause``
-  seconds apart, then ``data: [DONE]``) or in one JSON answer (after ``tokens`` x ``pause`` seconds);
+  seconds apart, then a chunk with the usage when the body asks ``stream_options: {"include_usage": true}``,
+  then ``data: [DONE]``) or in one JSON answer with its usage (after ``tokens`` x ``pause`` seconds);
   a prompt containing "fail" gets a 500;
 - ``POST /v1/embeddings``: a small vector.
 
@@ -159,7 +160,9 @@ class _Handler(BaseHTTPRequestHandler):
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{up.name}-{number}"
         words = [WORDS[i % len(WORDS)] for i in range(up.tokens)]
         if body.get("stream") is True:
-            self._stream(ident, chat, body.get("model"), words)
+            options = body.get("stream_options")
+            self._stream(ident, chat, body.get("model"), words,
+                         usage=isinstance(options, dict) and options.get("include_usage") is True)
         else:
             if up.pause:
                 time.sleep(up.pause * len(words))  # the whole answer is ready when its last token is
@@ -170,7 +173,7 @@ class _Handler(BaseHTTPRequestHandler):
                              "created": int(time.time()), "model": body.get("model"), "choices": [choice],
                              "usage": {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)}})
 
-    def _stream(self, ident: str, chat: bool, model, words: list[str]) -> None:
+    def _stream(self, ident: str, chat: bool, model, words: list[str], *, usage: bool = False) -> None:
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         self.send_header("transfer-encoding", "chunked")
@@ -182,6 +185,11 @@ class _Handler(BaseHTTPRequestHandler):
                 delta = {"delta": {"content": word + " "}} if chat else {"text": word + " "}
                 event = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
                          "created": int(time.time()), "model": model, "choices": [{"index": 0, **delta, "finish_reason": None}]}
+                self._chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+            if usage:
+                event = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+                         "model": model, "choices": [],
+                         "usage": {"prompt_tokens": 3, "completion_tokens": len(words), "total_tokens": 3 + len(words)}}
                 self._chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")

@@ -96,3 +96,14 @@ def step_seconds(value) -> str:
         return f"{minutes} min {rest} s" if rest else f"{minutes} min"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+@register.filter
+def compact(count) -> str:
+    """A large count in a few digits, for tables: 17.6 M, 909.1 K, 9,500 (in full below 10,000)."""
+    count = count or 0
+    if count >= 10_000:
+        for size, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+            if count >= size:
+                return f"{count / size:.1f} {unit}"
+    return f"{count:,}"

@@ -13,11 +13,14 @@ the prompt's prefix in its cache (``app.py``). The modules, each for one thing:
   every second; ``traffic()`` is what the pages read;
 - ``failures.py``: a copy that refused a connection, reported on a Redis list the console's health
   check reads;
+- ``limits.py``: the keys' limits a minute, decided in memory, the counts shared through Redis every second;
+- ``key_usage.py``: what each key used per hour (requests, errors, refusals, the answers' tokens), added up
+  in Redis for the console to copy to the database;
 - ``upstream.py``: keep-alive connections to the copies (asyncio and httptools' parser);
 - ``metrics.py``: ``GET /metrics`` in Prometheus's text format, counted in memory on the request path;
   ``metrics_files.py`` adds up the figures of workers sharing a port (prometheus_client's multiprocess files);
 - ``app.py``: the ASGI application.
 
-Only ``keys``, ``traffic`` and ``failures`` are imported by the console's own processes: the others
+Only ``keys``, ``traffic``, ``failures`` and ``key_usage`` are imported by the console's own processes: the others
 run on the gateway's event loop. docs/gateway.md is the operator's and the client's view.
 """

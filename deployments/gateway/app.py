@@ -17,8 +17,9 @@ effect but the work, and a request that kills engines then kills two, not every 
 
 Nothing here touches the database or Redis on a request: the background work (``background.py``) refreshes
 the tables in a thread every FADEN_GATEWAY_REFRESH seconds (``routes.py``), writes figures and failure
-reports from another every second (``traffic.py``), and probes the copies out of rotation. Errors are OpenAI's shape: ``{"error": {"message", "type", "param",
-"code"}}``.
+reports from another every second (``traffic.py``), and probes the copies out of rotation. A key's limits are
+decided from memory too (``limits.py``: every process's counts, shared at that flush). Errors are OpenAI's
+shape: ``{"error": {"message", "type", "param", "code"}}``.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import time
 from deployments.gateway import keys, upstream
 from deployments.gateway.background import BackgroundWork, GatewayConfig
 from deployments.gateway.metrics import Answer, GatewayMetrics, MetricsConfig
+from deployments.gateway.key_usage import AnswerTap
 from deployments.gateway.routes import CopyRoute, DeploymentRoute, KeyEntry, snapshot_load
 
 FORWARDED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
@@ -181,6 +183,12 @@ class Gateway:
                                           f"{_names(sorted(key.allowed))}. Ask an Operator for a key that may.",
                                code="model_not_allowed", param="model")
             return
+        if (refused := self.background.limits.admit(key)) is not None:  # over the key's limits (limits.py): a 429
+            self.metrics.limit_refused(refused.kind)
+            await _answer(send, 429, refused.body, refused.headers)
+            return
+        tap = AnswerTap(send)  # reads the answer's usage (tokens) for the key's limits and usage
+        send = tap.send
         stream = request.get("stream") is True
         keys = route.prompt_keys(request)  # None unless the deployment is routed cache-aware
         # From here on, a client that goes away cancels the request: the copy's connection is closed, so
@@ -202,6 +210,7 @@ class Gateway:
             watcher.cancel()
             self.background.counts.record(route.id, seconds=time.perf_counter() - started, error=error)
             self.metrics.record(route.name, answer, started, error)
+            self.background.limits.answered(key, tap, error=error)
 
     async def _send_to_a_copy(self, scope, receive, send, route: DeploymentRoute, body: bytes, stream: bool,
                               keys: list[int] | None = None) -> bool:

@@ -4,7 +4,8 @@ and report what it saw, so that no request waits on the database or Redis.
 - refresh, every FADEN_GATEWAY_REFRESH seconds: the routes and keys read in the database thread (one
   connection, kept), with the keys' last use written there first;
 - flush, every second: figures, failure reports and the process's state written to Redis in a thread of
-  its own (neither thread waits on the other);
+  its own (neither thread waits on the other), and the keys' counts shared with the other processes
+  (``limits.py``: the limits' windows, the usage per key);
 - probe, every FADEN_GATEWAY_PROBE seconds: each copy out of rotation asked for its ``/health``, a 200 puts
   it back;
 - the client certificate the gateway presents to copies behind mutual TLS (deployments/copy_tls.py): loaded
@@ -22,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from deployments.gateway import failures, traffic, upstream
+from deployments.gateway import failures, limits, traffic, upstream
 from deployments.gateway.prefix import DEFAULT_BLOCK, DEFAULT_BOUND, DEFAULT_ENTRIES, CacheAware
 from deployments.gateway.routes import CopyRoute, DeploymentRoute, RouteTable, Snapshot, snapshot_load
 
@@ -67,6 +68,7 @@ class BackgroundWork:
         self.table = RouteTable(CacheAware(entries=config.prefix_entries, bound=config.prefix_bound,
                                            block=config.prefix_block))
         self.counts = traffic.Counts()
+        self.limits = limits.Limits()  # the keys' windows and usage, shared through Redis at each flush
         self.reports: list[dict] = []  # failure reports not yet written to Redis
         self.keys_used: dict[int, float] = {}  # key id -> when last used, since the last refresh
         self.keys_written: dict[int, float] = {}  # key id -> when its last_used_at was last written
@@ -189,6 +191,7 @@ class BackgroundWork:
     # -- figures and reports -------------------------------------------------------------------------------
 
     async def flush(self) -> None:
+        await self.limits.flush(self._in_redis_thread, self.redis, self.config.prefix)  # says its own errors
         counts, self.counts = self.counts, traffic.Counts()
         reports, self.reports = self.reports, []
         state = {
@@ -211,6 +214,9 @@ class BackgroundWork:
         if self.flush_error:
             log.info("The gateway writes its figures to Redis again.")
         self.flush_error = ""
+
+    def _in_redis_thread(self, fn, *args):
+        return asyncio.get_running_loop().run_in_executor(self.redis_thread, fn, *args)
 
     def _write(self, counts: traffic.Counts, reports: list[dict], state: dict) -> None:
         failures.failure_report(self.redis, self.config.prefix, reports)

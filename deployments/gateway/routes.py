@@ -107,12 +107,15 @@ class DeploymentRoute:
 
 @dataclass(frozen=True)
 class KeyEntry:
-    """A key the gateway knows: its id (for last used), the names it may use (None: every one), and
-    whether it was revoked (kept to say so rather than "incorrect")."""
+    """A key the gateway knows: its id (for last used), the names it may use (None: every one), whether it
+    was revoked (kept to say so rather than "incorrect"), and its limits a minute (None: none; limits.py)."""
 
     id: int
     allowed: frozenset[str] | None
     revoked: bool = False
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    limited: bool = False  # either limit set: the request path looks at its window only then
 
     def may_use(self, name: str) -> bool:
         return self.allowed is None or name in self.allowed
@@ -124,7 +127,8 @@ class Snapshot:
 
     deployments: tuple[tuple[str, int, int], ...]  # (name, id, created in Unix seconds), by name
     copies: tuple[tuple[int, int, int, str, int, str], ...]  # (copy id, deployment id, number, address, port, since)
-    keys: tuple[tuple[str, int, tuple[str, ...], bool], ...]  # (sha256, key id, limited to names or (), revoked)
+    # (sha256, key id, limited to names or (), revoked, requests a minute or None, tokens a minute or None)
+    keys: tuple[tuple, ...]
     copy_keys: tuple[tuple[int, str], ...] = ()  # (copy id, the copy's own key) for copies that have one
     copy_tls: tuple[int, ...] = ()  # the copies that serve mutual TLS
     routing: tuple[tuple[int, str], ...] = ()  # (deployment id, routing) of the deployments not routed least busy
@@ -152,9 +156,9 @@ def snapshot_load() -> Snapshot:
         "id", "api_key_sealed"))
     copy_tls = tuple(Copy.objects.filter(state__in=ROUTED, tls=True).order_by("pk").values_list("id", flat=True))
     keys = tuple(
-        (digest, pk, tuple(names) if isinstance(names, list) else (), revoked is not None)
-        for pk, digest, names, revoked in GatewayKey.objects.order_by("pk").values_list(
-            "id", "key_hash", "deployments", "revoked_at")
+        (digest, pk, tuple(names) if isinstance(names, list) else (), revoked is not None, requests, tokens)
+        for pk, digest, names, revoked, requests, tokens in GatewayKey.objects.order_by("pk").values_list(
+            "id", "key_hash", "deployments", "revoked_at", "requests_per_minute", "tokens_per_minute")
     )
     return Snapshot(deployments=deployments, copies=copies, keys=keys, copy_keys=copy_keys, copy_tls=copy_tls,
                     routing=routing)
@@ -171,6 +175,12 @@ def _copy_keys(rows) -> tuple[tuple[int, str], ...]:
              for pk, sealed in rows}
     _unsealed = known
     return tuple((pk, key) for (pk, _), key in sorted(known.items()) if key)
+
+
+def _key_entry(pk: int, names: tuple[str, ...], revoked: bool, requests: int | None = None,
+               tokens: int | None = None) -> KeyEntry:
+    return KeyEntry(id=pk, allowed=frozenset(names) if names else None, revoked=revoked, requests_per_minute=requests,
+                    tokens_per_minute=tokens, limited=requests is not None or tokens is not None)
 
 
 class RouteTable:
@@ -219,8 +229,7 @@ class RouteTable:
             if route.in_flight:
                 self.leaving[route.id] = route
         self.deployments, self.copies = deployments, copies
-        self.keys = {digest: KeyEntry(id=pk, allowed=frozenset(names) if names else None, revoked=revoked)
-                     for digest, pk, names, revoked in snapshot.keys}
+        self.keys = {digest: _key_entry(*row) for digest, *row in snapshot.keys}
         self.snapshot = snapshot
         return {"added": added, "removed": removed}
 

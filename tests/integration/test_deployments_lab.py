@@ -14,10 +14,12 @@ from each machine's store. The main path on the real runtime (deploy, the gatewa
 restarted) runs in Podman's containers in the cluster life module (test_cluster_life_lab.py), on the
 cluster it has running already; the agent's copies in Podman alone in tests/lab/test_copies_lab.py."""
 import http.client
+import json
 import re
 import ssl
 import time
 import urllib.error
+import urllib.request
 
 import pytest
 from django.test import Client
@@ -33,7 +35,7 @@ import deployments.serving
 from deployments import copy_keys, copy_tls, drain, drain_input, gateway_keys, model_traffic, orphans, placement_input, services
 from deployments.choices import CopyState, DrainState
 from deployments.forms import ask_from
-from deployments.models import Copy, Deployment, Drain
+from deployments.models import Copy, Deployment, Drain, KeyUsage
 from machines.agent_client import Agent
 from machines.models import Accelerator, Machine
 from tests.factories import UserFactory
@@ -91,6 +93,21 @@ def test_a_model_deployed_called_stopped_started_and_served_through_restarts(lab
     status, body = chat(console, key)
     assert status == 200, body
     assert chat(console, "fs-not-a-key")[0] == 401
+    # A key limited to 5 requests a minute gets its sixth refused with Retry-After, in OpenAI's shape; the refusal
+    # and the requests reach its usage by the hour in the database (beat's copy from Redis).
+    limited_key, limited = gateway_keys.gateway_key_create(name="lab-limited", requests_per_minute=5, user=operator)
+    wait_for(lambda: chat(console, limited)[0] != 401, timeout=5, what="the gateway to know the limited key", every=0.2)
+    assert [chat(console, limited)[0] for _ in range(4)] == [200] * 4  # with the one above, five
+    refused = urllib.request.Request(f"{console.gateway_url}/v1/chat/completions", method="POST", data=json.dumps(
+        {"model": "tiny", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8}).encode(),
+        headers={"Authorization": f"Bearer {limited}", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as sixth:
+        urllib.request.urlopen(refused, timeout=10)
+    assert sixth.value.code == 429 and 1 <= int(sixth.value.headers["Retry-After"]) <= 120
+    error = json.loads(sixth.value.read())["error"]
+    assert error["code"] == "rate_limit_exceeded" and "may make 5 requests a minute" in error["message"], error
+    wait_for(lambda: KeyUsage.objects.filter(key=limited_key, requests=5, refused=1).exists(), timeout=30, every=0.5,
+             what="the limited key's usage copied to the database")
     # A copy answers only the gateway: called directly, without its own key or with the client's, it refuses.
     copy = deployment.copy_rows.first()
     direct = f"http://{copy.address}:{copy.port}/v1/chat/completions"
