@@ -6,6 +6,7 @@
     .venv/bin/python bench/gateway.py --engine-url http://127.0.0.1:8100 --model llama   # an engine already running
     .venv/bin/python bench/gateway.py --tokens 64 --pause 0.005 --json out.json
     .venv/bin/python bench/gateway.py --tls                            # mutual TLS to the copy against plain
+    .venv/bin/python bench/gateway.py --peers                          # beside vLLM's router and LiteLLM's proxy (bench/peers.py)
 
 It makes a console of its own (SQLite in a temporary directory, Redis at REDIS_URL under a prefix of
 its own), records one deployment whose one serving copy is the engine, and a key; starts the gateway as
@@ -428,9 +429,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per run at most")
     parser.add_argument("--json", help="write the figures to this file too")
     parser.add_argument("--tls", action="store_true", help="mutual TLS to the copy against plain, through the gateway")
+    from bench import peers  # --peers: vLLM's router and LiteLLM's proxy beside the gateway (bench/peers.py)
+
+    peers.add_arguments(parser)
     args = parser.parse_args()
     if args.tls and (args.engine != "builtin" or args.engine_url):
         parser.error("--tls runs the builtin engine twice (plain and behind TLS): leave out --engine and --engine-url")
+    if args.tls and args.peers:
+        parser.error("--tls and --peers are two runs: give one")
     MODEL = args.model
 
     try:
@@ -453,6 +459,12 @@ def main() -> None:
             started.append(engine_tls)
         gateway_url, gateway = gateway_start(work, env)
         started.append(gateway)
+        if args.peers:
+            summary = peers.compare(args, work=work, env=env, engine_url=engine_url, engine=engine, what=what,
+                                    gateway_url=gateway_url, gateway=gateway, secret=secret, started=started)
+            if args.json:
+                Path(args.json).write_text(json.dumps(summary, indent=2))
+            return
         processes = {"gateway": gateway_worker(gateway), "client": psutil.Process()}
         if engine is not None:
             processes["engine"] = psutil.Process(engine.pid)
