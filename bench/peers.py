@@ -33,7 +33,6 @@ import os
 import platform
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -46,7 +45,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 KINDS = ("whole", "stream")
 CONCURRENCY = (1, 16, 64)
 DEFAULT_CACHE = Path.home() / ".cache" / "fadenstack-bench" / "peers"
-# Lines of a .pth file that Python runs at every start; these two are the usual harmless ones.
+# .pth files whose import lines Python runs at every start: setuptools' own is harmless (and *-nspkg.pth, below).
 HARMLESS_PTH = ("distutils-precedence.pth",)
 
 
@@ -151,7 +150,7 @@ def spawn(argv: list, work: Path, name: str, env: dict) -> subprocess.Popen:
 
 
 def wait_ready(url: str, process: subprocess.Popen, log: Path, timeout: float) -> str:
-    """"" once ``url`` answers 200, else why not (the end of the process's log)."""
+    """An empty string once ``url`` answers 200, else why not (with the end of the process's log)."""
     import httpx
 
     deadline = time.monotonic() + timeout
