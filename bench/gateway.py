@@ -8,6 +8,7 @@
     .venv/bin/python bench/gateway.py --tls                            # mutual TLS to the copy against plain
     .venv/bin/python bench/gateway.py --workload shared-prefix         # cache-aware routing against least busy
     .venv/bin/python bench/gateway.py --limits                         # a key with limits against one without
+    .venv/bin/python bench/gateway.py --peers                          # beside vLLM's router and LiteLLM's proxy (bench/peers.py)
 
 It makes a console of its own (SQLite in a temporary directory, Redis at REDIS_URL under a prefix of
 its own), records one deployment whose one serving copy is the engine, and a key; starts the gateway as
@@ -444,11 +445,18 @@ def main() -> None:
                              "least busy on conversations sharing long prefixes (bench/shared_prefix.py)")
     shared_prefix.add_arguments(parser)
     parser.add_argument("--limits", action="store_true", help="a key with limits against one without, through the gateway")
+    parser.add_argument("--rounds", type=int, help="rounds per figure, alternating which path goes first (shared-prefix: "
+                                                   "1, --peers: 3, --seconds split among them)")
+    from bench import peers  # --peers: vLLM's router and LiteLLM's proxy beside the gateway (bench/peers.py)
+
+    peers.add_arguments(parser)
     args = parser.parse_args()
     if args.tls and args.limits:
         parser.error("--tls and --limits each run a comparison of their own: give one")
     if args.tls and (args.engine != "builtin" or args.engine_url):
         parser.error("--tls runs the builtin engine twice (plain and behind TLS): leave out --engine and --engine-url")
+    if args.tls and args.peers:
+        parser.error("--tls and --peers are two runs: give one")
     MODEL = args.model
 
     try:
@@ -475,6 +483,12 @@ def main() -> None:
         limited_secret = gateway_limits.limits_key() if args.limits else None
         gateway_url, gateway = gateway_start(work, env)
         started.append(gateway)
+        if args.peers:
+            summary = peers.compare(args, work=work, env=env, engine_url=engine_url, engine=engine, what=what,
+                                    gateway_url=gateway_url, gateway=gateway, secret=secret, started=started)
+            if args.json:
+                Path(args.json).write_text(json.dumps(summary, indent=2))
+            return
         processes = {"gateway": gateway_worker(gateway), "client": psutil.Process()}
         if engine is not None:
             processes["engine"] = psutil.Process(engine.pid)

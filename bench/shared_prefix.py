@@ -58,7 +58,6 @@ def add_arguments(parser) -> None:
     group.add_argument("--decode", type=float, default=200, help="answer tokens per second per request")
     group.add_argument("--cache-tokens", type=int, default=32768, help="tokens each copy's prefix cache holds")
     group.add_argument("--bound", type=int, default=None, help="FADEN_GATEWAY_PREFIX_BOUND (the setting's default)")
-    group.add_argument("--rounds", type=int, default=1, help="rounds of both routings, alternating which goes first")
 
 
 # -- engines, console, gateway ------------------------------------------------------------------------------
@@ -217,7 +216,7 @@ def report(results: dict, args) -> dict:
     lines = [f"Machine: {platform.machine()}, {psutil.cpu_count()} CPUs, Python {platform.python_version()}, load average "
              f"{os.getloadavg()[0]:.1f}",
              f"Workload: {args.conversations} conversations of {args.turns} turns at once, {args.system_tokens:,}-token system "
-             f"prompts ({f'{args.system_prompts} shared' if args.system_prompts else 'one each'}), {args.answer_tokens}-token streamed answers, {args.rounds} round(s); {args.copies} copies "
+             f"prompts ({f'{args.system_prompts} shared' if args.system_prompts else 'one each'}), {args.answer_tokens}-token streamed answers, {(args.rounds or 1)} round(s); {args.copies} copies "
              f"per deployment, each a lab engine prefilling {args.prefill:g} tokens/s with a {args.cache_tokens:,}-token "
              f"prefix cache, decoding {args.decode:g} tokens/s per request",
              "",
@@ -259,7 +258,7 @@ def run(args, gateway_bench) -> None:
         started.append(gateway)
         time.sleep(1.0)  # the gateway's routes: read at its start, and every FADEN_GATEWAY_REFRESH after
         results: dict[str, dict] = {}
-        for round_number in range(args.rounds):
+        for round_number in range((args.rounds or 1)):
             order = ROUTINGS if round_number % 2 == 0 else ROUTINGS[::-1]
             for routing, name in order:
                 seed = f"r{round_number}-{uuid.uuid4().hex[:6]}"  # system prompts no engine has seen

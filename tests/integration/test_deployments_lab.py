@@ -8,6 +8,7 @@ Then a person's own job on a GPU of lab-a: its heartbeat brings it to the machin
 its GPUs alone. Last, a deployment deleted while lab-b's link is down: its copy there runs on without a
 deployment until it is found and taken over. After it, lab-b (serving) is removed from the running cluster
 while a client calls and the console's worker is killed in the middle of the drain, and joins a cluster of its own.
+Between the first test and the rest: a deployment routed cache-aware keeps a conversation on its copy.
 
 The machines run the lab's `process` runtime: the engines are real processes reading the model's files
 from each machine's store. The main path on the real runtime (deploy, the gateway, scale, a killed copy
@@ -17,6 +18,7 @@ import http.client
 import json
 import re
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -33,9 +35,9 @@ from console.choices import JOB_TERMINAL, JobState
 from console.models import Job
 import deployments.serving
 from deployments import copy_keys, copy_tls, drain, drain_input, gateway_keys, model_traffic, orphans, placement_input, services
-from deployments.choices import CopyState, DrainState
+from deployments.choices import CopyState, DrainState, Routing
 from deployments.forms import ask_from
-from deployments.models import Copy, Deployment, Drain, KeyUsage
+from deployments.models import Copy, Deployment, Drain, EngineSample, KeyUsage
 from machines.agent_client import Agent
 from machines.models import Accelerator, Machine
 from tests.factories import UserFactory
@@ -48,9 +50,16 @@ pytestmark = [pytest.mark.lab]
 MACHINES = ("lab-a", "lab-b", "lab-c")
 
 
+METRICS_TOKEN = "lab-metrics-token-0123456789abcdef"
+
+
 @pytest.fixture(scope="module")
 def console(lab, module_db):
-    with console_processes(beat=True, env=INTERVALS, enqueue=True, gateway=True) as processes:
+    # Prometheus's token for both /metrics; the health checks read the engines' own (off in the other tests, whose
+    # copies' addresses are made up); a cache-aware copy may hold one request more than the least busy one.
+    env = {**INTERVALS, "FADEN_METRICS_TOKEN": METRICS_TOKEN, "FADEN_TEST_ENGINE_METRICS_TIMEOUT": "2",
+           "FADEN_GATEWAY_PREFIX_BOUND": "1"}
+    with console_processes(beat=True, env=env, enqueue=True, gateway=True) as processes:
         yield processes
 
 
@@ -108,6 +117,15 @@ def test_a_model_deployed_called_stopped_started_and_served_through_restarts(lab
     assert error["code"] == "rate_limit_exceeded" and "may make 5 requests a minute" in error["message"], error
     wait_for(lambda: KeyUsage.objects.filter(key=limited_key, requests=5, refused=1).exists(), timeout=30, every=0.5,
              what="the limited key's usage copied to the database")
+    # Prometheus scrapes the gateway and the console, with the token; the health checks read the engines' figures.
+    gateway = scraped(f"{console.gateway_url}/metrics")
+    assert gateway["fadenstack_gateway_requests"][("2xx", "tiny")] >= 6, gateway["fadenstack_gateway_requests"]
+    assert gateway["fadenstack_gateway_limit_refusals"][("requests",)] == 1
+    assert gateway["fadenstack_gateway_time_to_first_token_seconds"][("tiny",)] >= 6  # its count
+    ours = scraped(f"{console.url}/metrics")
+    assert ours["fadenstack_copies"][("tiny", "serving")] == 2 and ours["fadenstack_clusters"][("running",)] == 1, ours
+    wait_for(lambda: set(EngineSample.objects.filter(deployment=deployment, running__isnull=False)
+                         .values_list("copy_number", flat=True)) == {1, 2}, timeout=30, what="the engines' figures read")
     # A copy answers only the gateway: called directly, without its own key or with the client's, it refuses.
     copy = deployment.copy_rows.first()
     direct = f"http://{copy.address}:{copy.port}/v1/chat/completions"
@@ -229,6 +247,89 @@ def call_tls(url: str, key: str, body: dict, context: ssl.SSLContext) -> tuple[i
         return answer.status, answer.read()
 
 
+def scraped(url: str) -> dict[str, dict[tuple, float]]:
+    """A /metrics page read with the token and parsed as Prometheus parses it: {family: {label values in the labels'
+    names' order: value}} (a histogram's buckets and sum are left out: its count is under the family's name)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        text = answer.read().decode()
+    families: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        samples = families.setdefault(family.name, {})
+        for sample in family.samples:
+            if sample.name.endswith(("_bucket", "_sum", "_created")):
+                continue
+            samples[tuple(v for k, v in sorted(sample.labels.items()))] = sample.value
+    return families
+
+
+def engine_figure(copy: Copy, name: str) -> float:
+    """A figure of the copy's engine, as its own /metrics shows it (behind TLS, with the copy's key), summed over
+    its labels: ``vllm:request_success_total`` (requests answered), ``vllm:num_requests_running``."""
+    request = urllib.request.Request(f"https://{copy.address}:{copy.port}/metrics", headers={
+        "Authorization": f"Bearer {copy_keys.copy_key_of(copy.pk, copy.api_key_sealed)}"})
+    context = copy_tls.client_context().context
+    context.check_hostname = False
+    with urllib.request.urlopen(request, timeout=10, context=context) as answer:
+        text = answer.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if re.match(rf"{re.escape(name)}[{{ ]", line))
+
+
+def test_a_conversation_routed_cache_aware_stays_on_its_copy_unless_that_copy_is_busy(console, cluster, model):
+    """"tiny-cache", 2 copies, routed cache-aware: the turns of a conversation (a long system prompt, the turns so far)
+    all go to one copy; a new conversation goes to the other while the first copy is busy; and a turn that comes while
+    the conversation's copy holds more requests than the least busy one by more than the bound (1 here) goes to the
+    least busy."""
+    operator = UserFactory(username="ops-cache", role=roles.OPERATOR)
+    deployment = services.deployment_create(ask=ask_from(
+        {"name": "tiny-cache", "copies": 2, "kind": KIND, "gpu_quarters": 8, "memory_per_gpu_gib": 8,
+         "context_length": 2048, "routing": Routing.CACHE_AWARE}, cluster=cluster, model=model), user=operator)
+    wait_for(serving(2, "tiny-cache"), timeout=60, what="tiny-cache serving")
+    assert Deployment.objects.get(pk=deployment.pk).routing == Routing.CACHE_AWARE
+    _, key = gateway_keys.gateway_key_create(name="cache", user=operator)
+    wait_for(lambda: chat(console, key, model="tiny-cache")[0] == 200, timeout=5, every=0.2, what="the gateway to route")
+    copies = list(deployment.copy_rows.order_by("number"))
+
+    def counts() -> list[float]:
+        return [engine_figure(copy, "vllm:request_success_total") for copy in copies]
+
+    def turn(messages: list[dict], *, max_tokens: int = 8, stream: bool = False) -> tuple[int, bytes]:
+        return call(f"{console.gateway_url}/v1/chat/completions", key, {
+            "model": "tiny-cache", "messages": messages, "max_tokens": max_tokens, "stream": stream}, timeout=60)
+
+    system = {"role": "system", "content": "You answer questions about the lab's machines, briefly and exactly. " * 40}
+    conversation = [system]
+    before = counts()
+    for number in range(3):
+        conversation.append({"role": "user", "content": f"Question {number}: which machine leads?"})
+        status, body = turn(conversation)
+        assert status == 200, body
+        conversation.append({"role": "assistant", "content": json.loads(body)["choices"][0]["message"]["content"]})
+    grew = [after - then for after, then in zip(counts(), before)]
+    assert sorted(grew) == [0, 3], grew  # every turn on one copy
+    holder = grew.index(3)
+
+    # The holder busy with two long answers of this conversation (more than the least busy copy's 0 + the bound):
+    # a new conversation goes to the other copy, and so does this conversation's next turn.
+    long_answers = [threading.Thread(target=turn, args=(conversation,), kwargs={"max_tokens": 1200, "stream": True})
+                    for _ in range(2)]
+    for thread in long_answers:
+        thread.start()
+    wait_for(lambda: engine_figure(copies[holder], "vllm:num_requests_running") >= 2, timeout=10, every=0.1, what="the holder busy with two answers")
+    before = counts()
+    other = [{"role": "system", "content": "Another conversation altogether. " * 40}, {"role": "user", "content": "Hi"}]
+    assert turn(other)[0] == 200
+    assert turn([*conversation, {"role": "user", "content": "And the next?"}])[0] == 200
+    grew = [after - then for after, then in zip(counts(), before)]
+    assert grew[1 - holder] == 2, (grew, holder)
+    for thread in long_answers:
+        thread.join(timeout=30)
+    services.deployment_delete(deployment=deployment, user=operator)
+    wait_for(lambda: not Deployment.objects.filter(pk=deployment.pk).exists(), timeout=60, what="tiny-cache deleted")
+
+
 def test_a_queued_copy_starts_by_itself_once_another_deployment_is_deleted(cluster, model):
     """The H100s of lab-a and lab-b are taken by "tiny-big" (2 copies of 8 GPUs): "tiny-wait" is queued for
     room. Deleting tiny-big frees them, and tiny-wait's copy starts with nothing asked of tiny-wait."""
@@ -301,34 +402,36 @@ def test_a_serving_machine_drained_while_a_client_calls_loses_no_request_and_sto
     wait_for(lambda: not Drain.objects.filter(machine=drained_machine).exists(), timeout=90,
              what=f"{drained_machine.name} back in Ray once the drain is stopped")
     assert cluster.members.get(machine=drained_machine).state == "joined"
-    a_drain_where_no_machine_has_room(cluster, model, drained_machine, operator)
-    services.deployment_delete(deployment=deployment, user=operator)
-    wait_for(lambda: not Deployment.objects.filter(pk=deployment.pk).exists(), timeout=60, what="tiny-drain deleted")
+    try:
+        a_drain_where_no_machine_has_room(cluster, model, drained_machine, operator)
+    finally:  # the tests after this one need the H100s free
+        services.deployment_delete(deployment=deployment, user=operator)
+        wait_for(lambda: not Deployment.objects.filter(pk=deployment.pk).exists(), timeout=60, what="tiny-drain deleted")
 
 
 def a_drain_where_no_machine_has_room(cluster: Cluster, model, machine: Machine, operator) -> None:
-    """Both tiny-drain copies are on the head now (4 of its 8 H100s): "tiny-six" (6 GPUs) can only go to
-    ``machine``. Its drain plan stops it, for want of 6 free GPUs; agreed to, the copy reads Queued with the drain's
+    """Both tiny-drain copies are on the head now (4 of its 8 H100s): "tiny-eight" (8 GPUs) can only go to
+    ``machine``. Its drain plan stops it, for want of 8 free GPUs; agreed to, the copy reads Queued with the drain's
     words, and once the drain is stopped it starts again there by itself."""
-    six = services.deployment_create(ask=ask_from(
-        {"name": "tiny-six", "copies": 1, "kind": KIND, "gpu_quarters": 24, "memory_per_gpu_gib": 8,
+    eight = services.deployment_create(ask=ask_from(
+        {"name": "tiny-eight", "copies": 1, "kind": KIND, "gpu_quarters": 32, "memory_per_gpu_gib": 8,
          "context_length": 2048}, cluster=cluster, model=model), user=operator)
-    wait_for(serving(1, "tiny-six"), timeout=60, what="tiny-six serving")
-    copy = six.copy_rows.get()
+    wait_for(serving(1, "tiny-eight"), timeout=60, what="tiny-eight serving")
+    copy = eight.copy_rows.get()
     assert copy.machine_id == machine.pk
     plan = drain_input.drain_plan_for(Cluster.objects.get(pk=cluster.pk), [machine.pk])
-    assert (plan.moves, [(s.copy, s.reason) for s in plan.stops]) == ([], [(copy.pk, "no machine has 6 free H100 80GB")])
+    assert (plan.moves, [(s.copy, s.reason) for s in plan.stops]) == ([], [(copy.pk, "no machine has 8 free H100 80GB")])
     drain.drain_start(Cluster.objects.get(pk=cluster.pk), machine, drain_input.plan_json(plan), user=operator)
     wait_for(lambda: Drain.objects.filter(machine=machine, state=DrainState.DRAINED).exists(), timeout=60,
-             what=f"{machine.name} Drained, tiny-six stopped")
+             what=f"{machine.name} Drained, tiny-eight stopped")
     copy.refresh_from_db()
     assert (copy.state, copy.state_reason, copy.machine_id) == (CopyState.QUEUED, f"stopped by the drain of {machine.name}",
                                                                  None)
     drain.drain_stop(machine, user=operator)
-    wait_for(serving(1, "tiny-six"), timeout=90, what="tiny-six serving again once the drain is stopped")
-    assert six.copy_rows.get().machine_id == machine.pk
-    services.deployment_delete(deployment=six, user=operator)
-    wait_for(lambda: not Deployment.objects.filter(pk=six.pk).exists(), timeout=60, what="tiny-six deleted")
+    wait_for(serving(1, "tiny-eight"), timeout=90, what="tiny-eight serving again once the drain is stopped")
+    assert eight.copy_rows.get().machine_id == machine.pk
+    services.deployment_delete(deployment=eight, user=operator)
+    wait_for(lambda: not Deployment.objects.filter(pk=eight.pk).exists(), timeout=60, what="tiny-eight deleted")
 
 
 def test_a_gpu_a_persons_own_job_uses_shows_on_its_machine_and_no_copy_is_placed_on_it(lab, console, cluster, machines):
