@@ -58,11 +58,9 @@ from pathlib import Path
 
 import psutil
 
-import shared_prefix  # bench/shared_prefix.py, beside this file
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench import gateway_limits  # noqa: E402 (--limits: bench/gateway_limits.py)
+from bench import gateway_limits, shared_prefix  # noqa: E402 (--limits, --workload shared-prefix: beside this file)
 
 PYTHON = sys.executable
 MODEL = "bench"
