@@ -1,7 +1,7 @@
 """``bench/gateway.py --limits``: what a key's limits cost a request (deployments/gateway/limits.py).
 
-First the check in the benchmark's own process (``Limits.admit`` and ``answered`` with the answer's tap, for a
-key without limits and one with both, in CPU time), then through the gateway: a key with limits too high to
+First the check in the benchmark's own process (``Limits.admit`` and ``answered`` with the answer's tokens, for
+a key without limits and one with both, in CPU time), then through the gateway: a key with limits too high to
 refuse against one without, in alternating rounds, whole answers at 1 and 16 concurrent. The functions that
 measure through the gateway take ``bench``, the gateway benchmark's module (its client, ``measure`` and figures).
 """
@@ -25,10 +25,11 @@ def limits_key() -> str:
 
 
 def limits_check_cost(rounds: int = 100_000) -> dict:
-    """Microseconds a request spends in limits.py and key_usage.py: the check, the tap of a whole answer (its
-    start and one body chunk) and the reading of its usage, for a key without limits and one with both, less
-    the two sends the gateway makes anyway."""
-    from deployments.gateway.key_usage import AnswerTap
+    """Microseconds a request spends in limits.py, key_usage.py and answer.py: the check, the gateway's
+    ``Answer`` on a whole answer (its start and one body chunk) and the reading of its usage, for a key without
+    limits and one with both, less the two sends the gateway makes anyway. (The gateway makes that one
+    ``Answer`` for the metrics as well, which read the same tokens.)"""
+    from deployments.gateway.answer import Answer
     from deployments.gateway.limits import Limits
     from deployments.gateway.routes import KeyEntry
 
@@ -47,10 +48,10 @@ def limits_check_cost(rounds: int = 100_000) -> dict:
             await sent(chunk)
             return
         limits.admit(key)
-        tap = AnswerTap(sent)
-        await tap.send(start)
-        await tap.send(chunk)
-        limits.answered(key, tap, error=False)
+        answer = Answer(sent)
+        await answer(start)
+        await answer(chunk)
+        limits.answered(key, answer.tokens(), error=False)
 
     async def timed(key) -> float:
         limits = Limits()
@@ -94,7 +95,7 @@ def limits_report(bench, check: dict, results: dict) -> dict:
     added_p99 = (quantile(one["with"]["latency"], .99) - quantile(one["without"]["latency"], .99)) * 1e6
     cpu = {name: many[name]["cpu"]["gateway"] / many[name]["rps"] * 1e6 for name in ("without", "with")}
     lines = [f"Machine: {platform.machine()}, {psutil.cpu_count()} CPUs, Python {platform.python_version()}", "",
-             f"The check in this process, CPU per request (admit, the answer's tap, its usage read; less the two sends "
+             f"The check in this process, CPU per request (admit, the answer's wrapper, its usage read; less the two sends "
              f"it wraps): {check['without']:.1f} us for a key without limits, {check['with']:.1f} us with both limits",
              "", f"{'conc':>5}  {'key':<9}{'requests':>9}{'req/s':>9}{'p50':>11}{'p99':>11}   gateway CPU per request"]
     for concurrency, pair in results.items():

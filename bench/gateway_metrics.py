@@ -6,10 +6,11 @@
 
 No server, no copy: the part of a request the metrics add, alone. Each request is the ASGI messages the
 gateway sends its client for one answer: the head, ``--chunks`` body chunks (the last with the usage, as a
-vLLM answer ends) and the end, sent to a ``send`` that does nothing, through ``Answer`` and then
+vLLM answer ends) and the end, sent to a ``send`` that does nothing, through ``answer.Answer`` (the one
+wrapper of a forwarded request: its tail and the reading of its usage serve the key's limits too) and then
 ``GatewayMetrics.record`` (instrumented), against the same messages sent straight to it (bare). The
-difference over the number of requests is the metrics' cost per request, in microseconds of CPU (the
-process's own CPU time, steadier than the clock when others share the CPUs); the median of --runs runs.
+difference over the number of requests is the cost per request, in microseconds of CPU (the process's own
+CPU time, steadier than the clock when others share the CPUs); the median of --runs runs.
 
 The scrape: ``/metrics`` answered for --deployments deployments of 4 copies each that all had traffic, the
 text built by the process alone, and through the files workers share (metrics_files.py), both in the metrics
@@ -27,7 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from deployments.gateway.metrics import Answer, GatewayMetrics, MetricsConfig  # noqa: E402 (after the path)
+from deployments.gateway.answer import Answer  # noqa: E402 (after the path)
+from deployments.gateway.metrics import GatewayMetrics, MetricsConfig  # noqa: E402
 from deployments.gateway.routes import RouteTable, Snapshot  # noqa: E402
 
 USAGE_END = (b'{"index":0,"finish_reason":"length"}],"usage":{"prompt_tokens":12,"total_tokens":28,'
@@ -109,7 +111,7 @@ def main() -> None:
         with_metrics = cpu_of(instrumented(send, answer_messages, args.requests, metrics))
         costs.append((with_metrics - base) / args.requests * 1e6)
     assert metrics.deployments["llama"].completion_tokens == 16 * args.requests, "the usage was not read"
-    print(f"{args.chunks} body chunk(s) per answer: the metrics cost {statistics.median(costs):.2f} us of CPU per request "
+    print(f"{args.chunks} body chunk(s) per answer: the answer and the metrics cost {statistics.median(costs):.2f} us of CPU per request "
           f"(median of {args.runs} runs of {args.requests:,}; runs {min(costs):.2f} to {max(costs):.2f})")
 
     table = table_of(args.deployments)
@@ -121,8 +123,9 @@ def main() -> None:
             for name, *_ in table.snapshot.deployments:
                 for _ in range(3):  # an answer as Answer saw it go
                     started = time.perf_counter()
-                    answer = Answer(send)
-                    answer.status, answer.first_at, answer.last = 200, started, USAGE_END
+                    answer = Answer(lambda message: None)
+                    answer({"type": "http.response.start", "status": 200, "headers": []})
+                    answer({"type": "http.response.body", "body": USAGE_END})
                     metrics.record(name, answer, started, False)
         from deployments.gateway import metrics_files
 

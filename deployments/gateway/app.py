@@ -28,9 +28,9 @@ import json
 import time
 
 from deployments.gateway import keys, upstream
+from deployments.gateway.answer import Answer
 from deployments.gateway.background import BackgroundWork, GatewayConfig
-from deployments.gateway.metrics import Answer, GatewayMetrics, MetricsConfig
-from deployments.gateway.key_usage import AnswerTap
+from deployments.gateway.metrics import GatewayMetrics, MetricsConfig
 from deployments.gateway.routes import CopyRoute, DeploymentRoute, KeyEntry, snapshot_load
 
 FORWARDED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
@@ -187,8 +187,6 @@ class Gateway:
             self.metrics.limit_refused(refused.kind)
             await _answer(send, 429, refused.body, refused.headers)
             return
-        tap = AnswerTap(send)  # reads the answer's usage (tokens) for the key's limits and usage
-        send = tap.send
         stream = request.get("stream") is True
         keys = route.prompt_keys(request)  # None unless the deployment is routed cache-aware
         # From here on, a client that goes away cancels the request: the copy's connection is closed, so
@@ -197,7 +195,7 @@ class Gateway:
         state = {"done": False, "gone": False}
         watcher = asyncio.ensure_future(_watch_disconnect(receive, task, state))
         error = True
-        answer = Answer(send)  # notes the status, the first chunk and the usage for the metrics
+        answer = Answer(send)  # notes the status, the first chunk and the answer's end (its usage: answer.py)
         try:
             error = await self._send_to_a_copy(scope, receive, answer, route, body, stream, keys)
         except asyncio.CancelledError:
@@ -210,7 +208,7 @@ class Gateway:
             watcher.cancel()
             self.background.counts.record(route.id, seconds=time.perf_counter() - started, error=error)
             self.metrics.record(route.name, answer, started, error)
-            self.background.limits.answered(key, tap, error=error)
+            self.background.limits.answered(key, answer.tokens(), error=error)
 
     async def _send_to_a_copy(self, scope, receive, send, route: DeploymentRoute, body: bytes, stream: bool,
                               keys: list[int] | None = None) -> bool:

@@ -14,7 +14,7 @@ reads back that minute's and the one before's totals in the same round trip, so 
 others let through within a flush. The price is an overshoot: between two flushes a process does not see what
 the others let through, so a key whose clients reach N processes may get up to (N - 1) x flush interval x its
 rate a process past its limit (with one process, none). Tokens are known once an answer has ended (its
-``usage``, key_usage.py): the tokens limit refuses the next requests once a minute's tokens are over.
+``usage``, answer.py): the tokens limit refuses the next requests once a minute's tokens are over.
 
 A request refused is not counted against the limit (the window moves and lets it in again, as ``Retry-After``
 says) and is answered 429 in OpenAI's shape: type ``requests`` or ``tokens``, code ``rate_limit_exceeded``.
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from deployments.gateway.key_usage import KEEP_SECONDS as USAGE_KEEP_SECONDS
-from deployments.gateway.key_usage import AnswerTap, UsageCounts, usage_add
+from deployments.gateway.key_usage import UsageCounts, usage_add
 from deployments.gateway.routes import KeyEntry
 
 log = logging.getLogger("fadenstack.gateway")
@@ -140,28 +140,29 @@ class Limits:
                 return refusal("tokens", limit, used, wait)
         return None
 
-    def answered(self, key: KeyEntry, tap: AnswerTap, *, error: bool) -> None:
-        """An answer sent on (or failed): its errors and tokens to the key's usage, its tokens to its window."""
-        prompt, completion = tap.tokens()
+    def answered(self, key: KeyEntry, tokens: tuple[int, int], *, error: bool) -> None:
+        """An answer sent on (or failed): its error and its (prompt, completion) tokens (``Answer.tokens()``) to
+        the key's usage, its tokens to its window."""
+        prompt, completion = tokens
         now = self.clock()
         figures = self.usage.figures(key.id, now)
         figures.errors += error
         figures.prompt_tokens += prompt
         figures.completion_tokens += completion
-        tokens = prompt + completion
-        if key.limited and tokens:
+        used = prompt + completion
+        if key.limited and used:
             minute = int(now // MINUTE)
             window = self.windows.get(key.id)
             if window is None:
                 window = self.windows[key.id] = Window(minute)
             window.move_to(minute)
             if window.minute == minute:
-                window.tokens += tokens
+                window.tokens += used
             slot = self.pending.get((minute, key.id))
             if slot is None:
-                self.pending[(minute, key.id)] = [0, tokens]
+                self.pending[(minute, key.id)] = [0, used]
             else:
-                slot[1] += tokens
+                slot[1] += used
 
     # -- the flush ----------------------------------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 """The gateway's ``GET /metrics``: what it forwarded, in Prometheus's text format.
 
-A request costs a few integer additions on the event loop (``Answer`` and ``GatewayMetrics.record``, about
-3 us of CPU: bench/gateway_metrics.py). The text is built only when Prometheus asks, in a thread of its own,
-from a copy of those figures and of the route table's (requests in flight are the copies' own counters) taken
-on the loop. The families, per deployment (its name: never the client's words) and copy (its number):
+A request costs a few integer additions on the event loop (``GatewayMetrics.record``, from what the request's
+``answer.Answer`` kept: bench/gateway_metrics.py). The text is built only when Prometheus asks, in a thread of
+its own, from a copy of those figures and of the route table's (requests in flight are the copies' own
+counters) taken on the loop. The families, per deployment (its name: never the client's words) and copy (its
+number):
 
 - ``fadenstack_gateway_requests_total{deployment, code}``: forwarded requests by the class of the status the
   client got (``2xx`` ... ``5xx``; ``cancelled`` when the client left before an answer began);
@@ -17,7 +18,8 @@ on the loop. The families, per deployment (its name: never the client's words) a
   copy}``: gauges, requests sent to copies whose answer has not ended;
 - ``fadenstack_gateway_prompt_tokens_total``, ``..._completion_tokens_total{deployment}``: from the ``usage``
   the copy puts at the end of a 2xx answer (every whole answer; a stream only when the client asked for
-  ``stream_options: {"include_usage": true}``): the last two chunks are searched, never the whole body;
+  ``stream_options: {"include_usage": true}``), read by ``Answer.tokens()`` from the answer's last bytes, the
+  same reading the key's limits and usage take;
 - ``fadenstack_gateway_refusals_total{code}``: requests the gateway refused itself, by OpenAI's error code
   (``invalid_api_key``, ``model_not_found``, ...);
 - ``fadenstack_gateway_limit_refusals_total{limit}``: requests refused for a key's limit (``requests`` or
@@ -39,7 +41,6 @@ import json
 import logging
 import multiprocessing
 import os
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import generate_latest
 from prometheus_client.utils import floatToGoString
 
+from deployments.gateway.answer import Answer
 from deployments.gateway.routes import RouteTable
 
 log = logging.getLogger("fadenstack.gateway")
@@ -60,10 +62,7 @@ CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 CODE_CLASSES = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
 LIMITS = ("requests", "tokens")  # the key limits a refusal is counted under
-USAGE_TAIL = 512  # bytes at the end of the answer (of its last two chunks) searched for its usage
 WRITE_EVERY = 1.0  # seconds between two writes of this process's figures when workers share a port
-_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 
 
 @dataclass(frozen=True)
@@ -106,44 +105,6 @@ class DeploymentFigures:
         self.first_sum = 0.0
         self.prompt_tokens = 0
         self.completion_tokens = 0
-
-
-class Answer:
-    """The client's ``send``, passed on, noting what goes back: the status, when the first body bytes went and
-    the last two chunks (where a copy puts its usage). A plain call that returns the server's own awaitable:
-    no coroutine of its own per chunk."""
-
-    __slots__ = ("send", "status", "first_at", "last", "before")
-
-    def __init__(self, send):
-        self.send = send
-        self.status: int | None = None
-        self.first_at: float | None = None
-        self.last = self.before = b""
-
-    def __call__(self, message):
-        body = message.get("body")
-        if body:
-            if self.first_at is None:
-                self.first_at = time.perf_counter()
-            self.before = self.last
-            self.last = body
-        elif body is None and message["type"] == "http.response.start":
-            self.status = message["status"]
-        return self.send(message)
-
-
-def usage_of(before: bytes, last: bytes) -> tuple[int, int] | None:
-    """(prompt tokens, completion tokens) of the last ``usage`` in the end of an answer, or None."""
-    tail = last[-USAGE_TAIL:] if len(last) >= USAGE_TAIL else before[len(last) - USAGE_TAIL:] + last
-    at = tail.rfind(b'"usage"')
-    if at < 0:
-        return None
-    prompt = _PROMPT.search(tail, at, at + 300)
-    if prompt is None:
-        return None
-    completion = _COMPLETION.search(tail, at, at + 300)
-    return int(prompt[1]), int(completion[1]) if completion else 0
 
 
 @dataclass(frozen=True)
@@ -235,10 +196,9 @@ class GatewayMetrics:
             first = answer.first_at - started
             figures.first[bisect.bisect_left(BUCKETS, first)] += 1
             figures.first_sum += first
-            usage = usage_of(answer.before, answer.last)
-            if usage is not None:
-                figures.prompt_tokens += usage[0]
-                figures.completion_tokens += usage[1]
+            prompt, completion = answer.tokens()  # (0, 0) unless 2xx; read once for the key's usage too
+            figures.prompt_tokens += prompt
+            figures.completion_tokens += completion
 
     def refused(self, code: str) -> None:
         """The gateway refused a request itself: ``code`` is the OpenAI error code it answered."""

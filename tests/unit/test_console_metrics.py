@@ -140,7 +140,8 @@ def test_the_grafana_dashboard_asks_only_for_series_the_gateway_and_the_console_
     from prometheus_client.exposition import generate_latest
     from prometheus_client.registry import CollectorRegistry
 
-    from deployments.gateway.metrics import Answer, GatewayMetrics
+    from deployments.gateway.answer import Answer
+    from deployments.gateway.metrics import GatewayMetrics
     from deployments.gateway.routes import RouteTable, Snapshot
 
     table = RouteTable()

@@ -1,16 +1,17 @@
 """The keys' limits in the gateway (deployments/gateway/limits.py): decided from memory with a clock of the
 test's own (no sleeps), the sliding window moving, two gateway processes limited together once their counts
-met in Redis (the real Redis at REDIS_URL, under a prefix of each test's own), tokens read from the answers."""
+met in Redis (the real Redis at REDIS_URL, under a prefix of each test's own), tokens read from the answers
+(the reading itself: tests/unit/test_gateway_answer.py)."""
 import asyncio
 import json
 import uuid
 
 import pytest
 
-from deployments.gateway import key_usage, limits, traffic
-from deployments.gateway.key_usage import AnswerTap, usage_of
+from deployments.gateway import limits, traffic
 from deployments.gateway.limits import Limits
 from deployments.gateway.routes import KeyEntry, RouteTable, Snapshot
+from tests.unit.test_gateway_answer import answer_of
 
 START = 1_800_000_000 // 60 * 60  # a minute's start
 
@@ -29,30 +30,13 @@ def key(pk: int = 7, *, requests: int | None = None, tokens: int | None = None) 
 
 
 def answered(limiter: Limits, entry: KeyEntry, prompt: int, completion: int, *, error: bool = False) -> None:
-    """An answer with this usage went back to the client through a tap."""
+    """An answer with this usage went back to the client through the gateway's ``Answer``."""
     body = json.dumps({"id": "chatcmpl-1", "choices": [{"index": 0, "message": {"content": "hi"}}],
                        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                                  "total_tokens": prompt + completion}}).encode()
-    tap = tapped([{"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]},
-                  {"type": "http.response.body", "body": body}])
-    limiter.answered(entry, tap, error=error)
-
-
-def tapped(messages) -> AnswerTap:
-    sent = []
-
-    async def send(message):
-        sent.append(message)
-
-    tap = AnswerTap(send)
-
-    async def run():
-        for message in messages:
-            await tap.send(message)
-
-    asyncio.run(run())
-    assert sent == list(messages), "the client gets every message as it was"
-    return tap
+    answer = answer_of([{"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]},
+                        {"type": "http.response.body", "body": body}])
+    limiter.answered(entry, answer.tokens(), error=error)
 
 
 @pytest.fixture
@@ -274,49 +258,6 @@ def test_a_minute_change_during_the_flush_keeps_the_minute_before_for_the_window
 
     window = limiter.windows[7]
     assert window.minute == START // 60 + 1 and window.previous_requests == 5 and window.requests == 0
-
-
-# -- the answers' usage ------------------------------------------------------------------------------------------
-
-
-def test_the_usage_of_an_answer_is_read_from_its_own_usage_object():
-    openai_shape = json.dumps({
-        "id": "chatcmpl-1", "choices": [{"message": {"content": 'say "usage": {"prompt_tokens": 999}'}}],
-        "usage": {"prompt_tokens": 19, "completion_tokens": 10, "total_tokens": 29,
-                  "prompt_tokens_details": {"cached_tokens": 0}, "completion_tokens_details": {"reasoning_tokens": 0}},
-    }, indent=1).encode()
-    vllm_shape = (b'{"id":"cmpl-1","choices":[{"text":"hi"}],"usage":{"prompt_tokens":3,"total_tokens":19,'
-                  b'"completion_tokens":16,"prompt_tokens_details":null},"prompt_logprobs":null}')
-    embeddings = b'{"object":"list","data":[{"embedding":[0.1]}],"usage":{"prompt_tokens":8,"total_tokens":8}}'
-
-    assert usage_of(openai_shape) == (19, 10)
-    assert usage_of(vllm_shape) == (3, 16)
-    assert usage_of(embeddings) == (8, 0)
-    assert usage_of(b'{"choices":[]}') == (0, 0)
-    assert usage_of(b'{"usage": {"prompt_tokens_details": {"cached_tokens": 1}, "prompt_tokens": 5, '
-                    b'"completion_tokens": 2}}') == (5, 2), "counts after an object inside: the object parsed"
-    assert usage_of(b'{"usage":{"prompt_tokens":-4,"completion_tokens":"7"}}') == (0, 0), "not counts: not believed"
-
-
-def test_a_stream_counts_its_tokens_from_the_final_usage_chunk_and_none_without_one():
-    head = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
-    events = [b'data: {"choices":[{"delta":{"content":"x"}}],"usage":null}\n\n' for _ in range(2000)]
-    final = b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":2000,"total_tokens":2012}}\n\n'
-    with_usage = tapped([head, *({"type": "http.response.body", "body": e, "more_body": True} for e in events),
-                         {"type": "http.response.body", "body": final + b"data: [DONE]\n\n", "more_body": True},
-                         {"type": "http.response.body", "body": b""}])
-    without = tapped([head, *({"type": "http.response.body", "body": e, "more_body": True} for e in events),
-                      {"type": "http.response.body", "body": b"data: [DONE]\n\n"}])
-
-    assert with_usage.tokens() == (12, 2000)
-    assert len(with_usage.tail) <= 2 * key_usage.STREAM_TAIL, "a stream keeps only its tail"
-    assert without.tokens() == (0, 0)
-
-
-def test_an_error_answer_counts_no_tokens():
-    tap = tapped([{"type": "http.response.start", "status": 500, "headers": []},
-                  {"type": "http.response.body", "body": b'{"usage":{"prompt_tokens":5,"completion_tokens":5}}'}])
-    assert tap.tokens() == (0, 0)
 
 
 # -- the keys' limits in the route table ------------------------------------------------------------------------

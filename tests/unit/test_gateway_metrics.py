@@ -1,6 +1,7 @@
 """The gateway's GET /metrics: scraped through the application under uvicorn (as tests/unit/test_gateway.py
 runs it, with its small engines on 127.0.0.1) and read with prometheus_client's own parser; who may read it;
-the usage found at an answer's end; the figures of workers sharing a port added up through their files."""
+the figures of workers sharing a port added up through their files. The usage read at an answer's end:
+tests/unit/test_gateway_answer.py."""
 import os
 import signal
 import socket
@@ -15,9 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from console.management.commands import serve
 from deployments.gateway import metrics_files
+from deployments.gateway.answer import Answer
 from deployments.gateway.app import Gateway
 from deployments.gateway.background import GatewayConfig
-from deployments.gateway.metrics import GatewayMetrics, MetricsConfig, usage_of, workers_directory
+from deployments.gateway.metrics import GatewayMetrics, MetricsConfig, workers_directory
 from deployments.gateway.routes import RouteTable, Snapshot
 from tests.unit.test_gateway import (CHAT, RunningGateway, _url, a_key, chat, cluster, deployment_of, ready_model,  # noqa: F401
                                      redis, serving, upstreams, wait_for)
@@ -182,25 +184,6 @@ def test_metrics_need_the_token_unless_the_operator_opened_them(metrics_gateway)
     assert httpx.get(f"{opened.url}/metrics").status_code == 200
 
 
-# -- the usage at an answer's end ---------------------------------------------------------------------------
-
-
-def test_the_usage_is_read_from_the_end_of_whole_answers_and_streams_that_ask_for_it():
-    whole = (b'{"id":"chatcmpl-1","choices":[{"index":0,"message":{"content":"' + b"w " * 2000 + b'"}}],'
-             b'"usage":{"prompt_tokens":12,"total_tokens":40,"completion_tokens":28,"prompt_tokens_details":null},'
-             b'"prompt_logprobs":null,"kv_transfer_params":null}')
-    usage_event = b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}\n\n'
-    embeddings = b'{"data":[{"embedding":[0.1,0.2]}],"usage":{"prompt_tokens":4,"total_tokens":4}}'
-
-    assert usage_of(b"", whole) == (12, 28)
-    assert usage_of(usage_event, b"data: [DONE]\n\n") == (7, 3), "the usage event, then [DONE] in a chunk of its own"
-    assert usage_of(b"", usage_event + b"data: [DONE]\n\n") == (7, 3)
-    assert usage_of(usage_event[:60], usage_event[60:]) == (7, 3), "cut between two chunks"
-    assert usage_of(b"", embeddings) == (4, 0)
-    assert usage_of(b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n', b"data: [DONE]\n\n") is None
-    assert usage_of(b"", b'{"usage": null}') is None
-
-
 # -- workers sharing a port -------------------------------------------------------------------------------
 
 
@@ -215,8 +198,10 @@ def worker(directory, pid: int, table: RouteTable, *, requests: int, in_flight: 
     metrics = GatewayMetrics(table, MetricsConfig(token=TOKEN, directory=str(directory)))
     metrics.files = metrics_files.SharedFiles(directory, pid)
     for _ in range(requests):
-        answer = type("Seen", (), {"status": 200, "first_at": 1.0, "last": b'"usage":{"prompt_tokens":2,'
-                                   b'"completion_tokens":1}', "before": b""})()
+        answer = Answer(lambda message: None)
+        answer({"type": "http.response.start", "status": 200, "headers": []})
+        answer({"type": "http.response.body", "body": b'{"usage":{"prompt_tokens":2,"completion_tokens":1}}'})
+        answer.first_at = 1.0
         metrics.record("llama", answer, 0.5, False)
     metrics.refused("invalid_api_key")
     table.copies[7].in_flight = in_flight

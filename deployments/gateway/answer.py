@@ -1,0 +1,118 @@
+"""A forwarded request's answer as it goes back to the client, and the tokens its copy says it used.
+
+``Answer`` takes the place of the client's ``send`` for one forwarded request (``app.py``) and keeps what the
+metrics (``metrics.py``) and the key's limits and usage (``limits.py``) read once the answer has ended: the
+status, when the first body bytes went (time to first token), whether it was a stream, and the last ``TAIL``
+bytes of the body. The usage is there in every answer that carries one: after the choices (or the embeddings)
+at the end of a whole answer, in OpenAI's shape and vLLM's, and in a stream's last event but ``[DONE]`` (when
+the client asked for it, ``stream_options: {"include_usage": true}``). ``tokens()`` reads it once, for both.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+TAIL = 8192  # bytes at the end of an answer kept to find its usage (between TAIL and 2 x TAIL are held)
+_TWICE = 2 * TAIL  # the tail is cut back to TAIL past this: one cut per TAIL bytes, not one per chunk
+TOKENS_MAX = 10**12  # a count past this in an answer is not believed (a copy's bug, or not a count at all)
+_decoder = json.JSONDecoder()
+_USAGE = re.compile(rb'"usage"\s*:\s*\{')
+_PROMPT = re.compile(rb'"prompt_tokens"\s*:\s*([0-9]{1,15})\s*[,}]')
+_COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*([0-9]{1,15})\s*[,}]')
+
+
+class Answer:
+    """The client's ``send``, passed on, noting what goes back. A plain call that returns the server's own
+    awaitable: no coroutine of its own per chunk, and per chunk one append to the tail (cut back to ``TAIL``
+    bytes once it holds twice that, so a long stream costs no more memory than a short one)."""
+
+    __slots__ = ("send", "status", "first_at", "streamed", "tail", "_tokens")
+
+    def __init__(self, send):
+        self.send = send
+        self.status: int | None = None  # None: no answer began (the client left, or the gateway failed first)
+        self.first_at: float | None = None  # time.perf_counter() when the first body bytes went
+        self.streamed = False  # text/event-stream
+        self.tail = bytearray()
+        self._tokens: tuple[int, int] | None = None
+
+    def __call__(self, message):
+        body = message.get("body")
+        if body:
+            if self.first_at is None:
+                self.first_at = time.perf_counter()
+            tail = self.tail
+            tail += body
+            if len(tail) > _TWICE:
+                del tail[:-TAIL]
+        elif body is None and message["type"] == "http.response.start":
+            self.status = message["status"]
+            for name, value in message.get("headers", ()):
+                if name == b"content-type":
+                    self.streamed = value.startswith(b"text/event-stream")
+                    break
+        return self.send(message)
+
+    def tokens(self) -> tuple[int, int]:
+        """(prompt, completion) tokens the copy's answer says it used; (0, 0) for an answer that is not 2xx
+        or says nothing (a stream the client did not ask usage for). Read once, however often asked."""
+        if self._tokens is None:
+            status = self.status
+            self._tokens = usage_of(self.tail) if status is not None and 200 <= status < 300 else (0, 0)
+        return self._tokens
+
+
+def usage_of(data: bytes | bytearray) -> tuple[int, int]:
+    """The last ``"usage": {...}`` object in an answer or a stream's events, as (prompt, completion) tokens.
+
+    Only that object is parsed, not the answer: a JSON string cannot hold an unescaped ``"usage"``, so the
+    last one found is the answer's own (after the choices in OpenAI's shape and vLLM's; a stream's final chunk,
+    or with continuous usage the last chunk's, which counts them all). A ``null`` usage (OpenAI's chunks before
+    the last) is passed over; (0, 0) when there is none."""
+    end = len(data)
+    while (at := data.rfind(b'"usage"', 0, end)) >= 0:
+        end = at
+        opened = _USAGE.match(data, at)
+        if opened is None:
+            continue  # null, or not the object
+        start = opened.end() - 1
+        # The counts come before any object inside usage (OpenAI's *_details, vLLM's prompt_tokens_details): read
+        # them up to the first "}" without parsing JSON; parse the object only when they are not both there.
+        close = data.find(b"}", start, start + 4096) + 1
+        if close:
+            prompt = _PROMPT.search(data, start, close)
+            completion = _COMPLETION.search(data, start, close)
+            if prompt is not None and (completion is not None or data.find(b'"completion_tokens"', start, close) < 0):
+                return _count(int(prompt[1])), _count(int(completion[1])) if completion is not None else 0
+        usage = _object_at(data, start)
+        if usage is None:
+            continue
+        return _counts(usage)
+    return 0, 0
+
+
+def _object_at(data: bytes | bytearray, start: int) -> dict | None:
+    """The JSON object starting at ``start``: read from its first 4 KiB (usage objects are small), else from
+    the rest; None when it does not parse (cut short, or not JSON)."""
+    for piece in (data[start:start + 4096], data[start:]):
+        try:
+            value, _ = _decoder.raw_decode(piece.decode("utf-8", "replace"))
+        except ValueError:
+            if len(piece) < 4096:
+                return None
+            continue
+        return value if isinstance(value, dict) else None
+    return None
+
+
+def _count(value: int) -> int:
+    return value if value <= TOKENS_MAX else 0
+
+
+def _counts(usage) -> tuple[int, int]:
+    def count(name: str) -> int:
+        value = usage.get(name) if isinstance(usage, dict) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= TOKENS_MAX else 0
+
+    return count("prompt_tokens"), count("completion_tokens")
