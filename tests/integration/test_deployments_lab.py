@@ -420,7 +420,8 @@ def a_drain_where_no_machine_has_room(cluster: Cluster, model, machine: Machine,
     copy = eight.copy_rows.get()
     assert copy.machine_id == machine.pk
     plan = drain_input.drain_plan_for(Cluster.objects.get(pk=cluster.pk), [machine.pk])
-    assert (plan.moves, [(s.copy, s.reason) for s in plan.stops]) == ([], [(copy.pk, "no machine has 8 free H100 80GB (the most free on one is 4, on lab-a)")])
+    reason = "no machine has 8 free H100 80GB (the most free on one is 4, on lab-a)"
+    assert (plan.moves, [(s.copy, s.reason) for s in plan.stops]) == ([], [(copy.pk, reason)])
     drain.drain_start(Cluster.objects.get(pk=cluster.pk), machine, drain_input.plan_json(plan), user=operator)
     wait_for(lambda: Drain.objects.filter(machine=machine, state=DrainState.DRAINED).exists(), timeout=60,
              what=f"{machine.name} Drained, tiny-eight stopped")
