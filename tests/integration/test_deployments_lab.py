@@ -423,12 +423,15 @@ def a_drain_where_no_machine_has_room(cluster: Cluster, model, machine: Machine,
     reason = "no machine has 8 free H100 80GB (the most free on one is 4, on lab-a)"
     assert (plan.moves, [(s.copy, s.reason) for s in plan.stops]) == ([], [(copy.pk, reason)])
     drain.drain_start(Cluster.objects.get(pk=cluster.pk), machine, drain_input.plan_json(plan), user=operator)
-    wait_for(lambda: Drain.objects.filter(machine=machine, state=DrainState.DRAINED).exists(), timeout=60,
-             what=f"{machine.name} Drained, tiny-eight stopped")
-    copy.refresh_from_db()
-    assert (copy.state, copy.state_reason, copy.machine_id) == (CopyState.QUEUED, f"stopped by the drain of {machine.name}",
-                                                                 None)
-    drain.drain_stop(machine, user=operator)
+    try:
+        wait_for(lambda: Drain.objects.filter(machine=machine, state=DrainState.DRAINED).exists(), timeout=60,
+                 what=f"{machine.name} Drained, tiny-eight stopped")
+        copy.refresh_from_db()
+        assert (copy.state, copy.machine_id) == (CopyState.QUEUED, None)
+        assert copy.state_reason.startswith(f"Waiting for room: stopped by the drain of {machine.name}; {reason}"), \
+            copy.state_reason
+    finally:  # the tests after this one need the machine back
+        drain.drain_stop(machine, user=operator)
     wait_for(serving(1, "tiny-eight"), timeout=90, what="tiny-eight serving again once the drain is stopped")
     assert eight.copy_rows.get().machine_id == machine.pk
     services.deployment_delete(deployment=eight, user=operator)
