@@ -534,10 +534,18 @@ def test_a_deployment_deleted_while_a_machine_is_cut_off_runs_on_without_one_unt
 
 
 def hostfile(lab, machine: Machine) -> list[str]:
-    """The addresses ``machine``'s /etc/fadenstack/hostfile lists."""
+    """The addresses ``machine``'s /etc/fadenstack/hostfile lists (the nodes with a GPU free, as of the last write)."""
     read = lab.ssh(machine.address, "cat /etc/fadenstack/hostfile")
     assert read.returncode == 0, read.stderr
     return [line.split()[0] for line in read.stdout.splitlines() if line.strip()]
+
+
+def hosts(lab, machine: Machine) -> list[str]:
+    """The addresses ``machine``'s /etc/hosts names as the cluster's nodes (every member)."""
+    read = lab.ssh(machine.address, "sed -n '/# fadenstack cluster nodes: begin/,/# fadenstack cluster nodes: end/p' "
+                                    "/etc/hosts")
+    assert read.returncode == 0, read.stderr
+    return [line.split()[0] for line in read.stdout.splitlines() if line.strip() and not line.startswith("#")]
 
 
 def drain_picture(deployment: Deployment) -> tuple:
@@ -555,7 +563,7 @@ def test_a_serving_machine_removed_from_the_running_cluster_while_a_client_calls
     copy moves to lab-a). Remove from cluster with the plan read as the card reads it, while a client calls the
     gateway; the console's worker is killed (SIGKILL) while the drain reads Moving copies and a new one
     started. No request fails; the drain reads Leaving the cluster; lab-b leaves the record, its runtime
-    stops, it stays enrolled; the others' hostfile no longer lists it; exactly one replacement was
+    stops, it stays enrolled; the others' hostfile and hosts no longer list it; exactly one replacement was
     started: no copy twice; and it starts a cluster of its own."""
     operator = UserFactory(username="ops-remove", role=roles.OPERATOR)
     a, b, c = (Machine.objects.get(name=name) for name in MACHINES)
@@ -569,7 +577,7 @@ def test_a_serving_machine_removed_from_the_running_cluster_while_a_client_calls
     assert set(deployment.copy_rows.values_list("machine_id", flat=True)) == {a.pk, b.pk}
     old, kept = deployment.copy_rows.get(machine=b), deployment.copy_rows.get(machine=a)
     b_address = cluster.members.get(machine=b).address
-    assert all(b_address in hostfile(lab, m) for m in (a, c))
+    assert all(b_address in hosts(lab, m) for m in (a, c))
 
     plan = drain_input.drain_plan_for(cluster, [b.pk], remove=True)
     assert ([(m.copy, m.to) for m in plan.moves], plan.stops) == ([(old.pk, a.pk)], [])
@@ -613,8 +621,8 @@ def test_a_serving_machine_removed_from_the_running_cluster_while_a_client_calls
     assert Machine.objects.filter(pk=b.pk).exists() and not ClusterMember.objects.filter(machine=b).exists()
     with Agent.open(b) as agent:
         assert agent.runtime_status().state != "started" and not agent.copy_list()
-    wait_for(lambda: all(b_address not in hostfile(lab, m) and len(hostfile(lab, m)) == 2 for m in (a, c)), timeout=30,
-             what="lab-a's and lab-c's hostfile written without lab-b")
+    wait_for(lambda: all(b_address not in hostfile(lab, m) + hosts(lab, m) and len(hosts(lab, m)) == 2 for m in (a, c)),
+             timeout=30, what="lab-a's and lab-c's hostfile and hosts written without lab-b")
     print(f"remove: {seen} (worker killed at {killed} s), out of the cluster after {gone:.1f} s; "
           f"{len(statuses)} requests, none failed; steps {({s['name']: s.get('seconds') for s in job.steps})}")
     services.deployment_delete(deployment=deployment, user=operator)
