@@ -15,6 +15,7 @@ import time
 
 TAIL = 8192  # bytes at the end of an answer kept to find its usage (between TAIL and 2 x TAIL are held)
 _TWICE = 2 * TAIL  # the tail is cut back to TAIL past this: one cut per TAIL bytes, not one per chunk
+USAGE_HELD = 4096  # bytes kept from the last "usage" seen in a chunk (a usage object is small)
 TOKENS_MAX = 10**12  # a count past this in an answer is not believed (a copy's bug, or not a count at all)
 _decoder = json.JSONDecoder()
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
@@ -27,7 +28,7 @@ class Answer:
     awaitable: no coroutine of its own per chunk, and per chunk one append to the tail (cut back to ``TAIL``
     bytes once it holds twice that, so a long stream costs no more memory than a short one)."""
 
-    __slots__ = ("send", "status", "first_at", "streamed", "tail", "_tokens")
+    __slots__ = ("send", "status", "first_at", "streamed", "tail", "held", "_tokens")
 
     def __init__(self, send):
         self.send = send
@@ -35,6 +36,9 @@ class Answer:
         self.first_at: float | None = None  # time.perf_counter() when the first body bytes went
         self.streamed = False  # text/event-stream
         self.tail = bytearray()
+        # The last usage seen in a chunk, kept apart: vLLM writes prompt_logprobs after the usage of a whole answer,
+        # and on a long prompt they push it out of the tail (a key's tokens limit would then count nothing).
+        self.held = b""
         self._tokens: tuple[int, int] | None = None
 
     def __call__(self, message):
@@ -42,6 +46,9 @@ class Answer:
         if body:
             if self.first_at is None:
                 self.first_at = time.perf_counter()
+            at = body.rfind(b'"usage"')
+            if at >= 0:
+                self.held = bytes(body[at:at + USAGE_HELD])
             tail = self.tail
             tail += body
             if len(tail) > _TWICE:
@@ -59,7 +66,10 @@ class Answer:
         or says nothing (a stream the client did not ask usage for). Read once, however often asked."""
         if self._tokens is None:
             status = self.status
-            self._tokens = usage_of(self.tail) if status is not None and 200 <= status < 300 else (0, 0)
+            if status is None or not 200 <= status < 300:
+                self._tokens = (0, 0)
+            else:
+                self._tokens = usage_of(self.tail) if b'"usage"' in self.tail or not self.held else usage_of(self.held)
         return self._tokens
 
 

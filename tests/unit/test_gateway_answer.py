@@ -110,6 +110,20 @@ def test_a_whole_answer_longer_than_the_tail_keeps_only_its_end_and_finds_its_us
     assert not chunked.streamed
 
 
+def test_a_usage_followed_by_more_than_the_tail_is_still_counted():
+    """vLLM writes prompt_logprobs after the usage of a whole answer: on a long prompt they are longer than the
+    tail. The usage is kept from the chunk that held it (a key could otherwise pass its tokens limit so)."""
+    logprobs = b'"prompt_logprobs":[' + b",".join(b'{"1":{"logprob":-0.5,"rank":1}}' for _ in range(2000)) + b"]}"
+    whole = (b'{"id":"chatcmpl-1","choices":[{"index":0,"message":{"content":"hi"}}],'
+             b'"usage":{"prompt_tokens":2000,"total_tokens":2001,"completion_tokens":1},' + logprobs)
+    assert len(logprobs) > 2 * TAIL
+
+    chunked = answer_of(body(*(whole[at:at + 1024] for at in range(0, len(whole), 1024))))
+    in_one = answer_of(body(whole))
+
+    assert chunked.tokens() == (2000, 1) and in_one.tokens() == (2000, 1)
+
+
 def test_a_stream_counts_its_tokens_from_the_final_usage_chunk_and_none_without_one():
     events = [b'data: {"choices":[{"delta":{"content":"x"}}],"usage":null}\n\n' for _ in range(2000)]
     final = b'data: {"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":2000,"total_tokens":2012}}\n\n'
