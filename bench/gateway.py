@@ -45,8 +45,6 @@ import asyncio
 import json
 import os
 import platform
-import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -60,7 +58,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench import gateway_limits, shared_prefix  # noqa: E402 (--limits, --workload shared-prefix: beside this file)
+from bench import gateway_limits, shared_prefix, teardown  # noqa: E402 (--limits, --workload shared-prefix: beside this file)
 
 PYTHON = sys.executable
 MODEL = "bench"
@@ -533,24 +531,7 @@ def main() -> None:
                     "first_p50_ms": quantile(r["first"], .5) * 1000}
                 for (kind, conc), pair in results.items() for path, r in pair.items()}}, indent=2))
     finally:
-        for process in reversed(started):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in started:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-        try:
-            from deployments.gateway.traffic import redis_client
-
-            client = redis_client(redis_url)
-            names = list(client.scan_iter(f"{prefix}:*"))
-            if names:
-                client.delete(*names)
-        except Exception:
-            pass
-        shutil.rmtree(work, ignore_errors=True)
+        teardown.clean_up(started, redis_url=redis_url, prefix=prefix, work=work)
 
 
 if __name__ == "__main__":

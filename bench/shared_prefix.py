@@ -22,8 +22,6 @@ import json
 import os
 import platform
 import random
-import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -31,6 +29,8 @@ import uuid
 from pathlib import Path
 
 import psutil
+
+from bench import teardown
 
 base = None  # bench/gateway.py, which runs this (run): its tiny model, console, gateway start and client
 
@@ -269,21 +269,4 @@ def run(args, gateway_bench) -> None:
             Path(args.json).write_text(json.dumps({"workload": "shared-prefix", "arguments": {
                 name: getattr(args, name) for name in ARGUMENTS}, "summary": summary}, indent=2))
     finally:
-        for process in reversed(started):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in started:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-        try:
-            from deployments.gateway.traffic import redis_client
-
-            client = redis_client(redis_url)
-            names = list(client.scan_iter(f"{prefix}:*"))
-            if names:
-                client.delete(*names)
-        except Exception:
-            pass
-        shutil.rmtree(work, ignore_errors=True)
+        teardown.clean_up(started, redis_url=redis_url, prefix=prefix, work=work)
