@@ -1,11 +1,14 @@
 """What the unit tests of a cluster's job steps share (the node settings', /shared's): a Ray node as the
 fake agent lists it, pushes and health checks kept quiet, keys in the test's own directory, and a
-runtime image whose file the server holds. A test module imports these names to use them."""
+runtime image whose file the server holds, three machines' agents with gpu-a leading Ray, and a job run
+through its task. A test module imports these names to use them."""
 import pytest
 
 from clusters import tasks
 from console import live
+from console.models import Job
 from tests.builders import build
+from tests.fakes import FakeAgents
 
 
 def step_of(job, step) -> dict:
@@ -35,3 +38,17 @@ def image(tmp_path):
     image.path, image.chunk_hashes = str(held), ["c" * 64]
     image.save()
     return image
+
+
+@pytest.fixture
+def agents(monkeypatch):
+    """The fake agents of gpu-a, gpu-b and gpu-c (198.18.1.11 to .13), gpu-a's Ray listing all three."""
+    fakes = FakeAgents({"gpu-a": {"ray": {"alive_nodes": 3, "gpus": 24, "nodes": [node(11), node(12), node(13)]}}})
+    return fakes.install(monkeypatch)
+
+
+def run(job: Job) -> Job:
+    """The job through its task (tasks are eager: a job made in a transaction ran on commit already, and a job
+    that ended runs no second time), read back."""
+    tasks.cluster_job(job.pk)
+    return Job.objects.get(pk=job.pk)

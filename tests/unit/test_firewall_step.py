@@ -4,16 +4,15 @@ a repair writes it again, a delete opens it, a machine removed has its table tak
 letting it in; an older agent is refused, naming the machines."""
 import pytest
 
-from clusters import firewall, services, steps, tasks
+from clusters import firewall, services, steps
 from clusters.choices import ClusterState
 from clusters.firewall import FirewallError, firewall_spec, with_console
 from clusters.models import Cluster, ClusterMember
 from console.choices import JobState, StepState
-from console.models import Job
 from machines.choices import MachineState
 from machines.models import Machine
 from tests.builders import cluster_of, gpu_machine
-from tests.cluster_jobs import image, node, quiet, step_of  # noqa: F401 (fixtures)
+from tests.cluster_jobs import agents, image, node, quiet, run, step_of  # noqa: F401 (fixtures)
 from tests.fakes import FakeAgents
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the job's threads read the database on their own connections
@@ -32,15 +31,6 @@ def machines():
     return [gpu_machine("gpu-a", 11), gpu_machine("gpu-b", 12), gpu_machine("gpu-c", 13)]
 
 
-@pytest.fixture
-def agents(monkeypatch):
-    fakes = FakeAgents({"gpu-a": {"ray": {"alive_nodes": 3, "gpus": 24, "nodes": [node(11), node(12), node(13)]}}})
-    return fakes.install(monkeypatch)
-
-
-def run(job: Job) -> Job:
-    tasks.cluster_job(job.pk)
-    return Job.objects.get(pk=job.pk)
 
 
 def members_let_in(agents: FakeAgents, cluster: str = "gpu-room") -> dict:

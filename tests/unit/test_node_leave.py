@@ -7,12 +7,10 @@ from clusters import services, steps, tasks
 from clusters.choices import ClusterState, MemberState
 from clusters.models import Cluster, ClusterMember, NodeSettingsOwed
 from console.choices import JobState
-from console.models import Job
 from machines.choices import MachineState
 from machines.models import Machine
 from tests.builders import cluster_of, gpu_machine
-from tests.cluster_jobs import image, node, quiet, step_of  # noqa: F401 (fixtures)
-from tests.fakes import FakeAgents
+from tests.cluster_jobs import agents, image, node, quiet, run, step_of  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the job's threads read the database on their own connections
 
@@ -28,15 +26,6 @@ def stopped(image):
                       state=ClusterState.STOPPED)
 
 
-@pytest.fixture
-def agents(monkeypatch):
-    fakes = FakeAgents({"gpu-a": {"ray": {"alive_nodes": 3, "gpus": 24, "nodes": [node(11), node(12), node(13)]}}})
-    return fakes.install(monkeypatch)
-
-
-def run(job: Job) -> Job:
-    tasks.cluster_job(job.pk)
-    return Job.objects.get(pk=job.pk)
 
 
 def calls_of(agents, name: str) -> list[str]:

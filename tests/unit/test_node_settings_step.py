@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from clusters import services, steps, tasks
+from clusters import services, steps
 from clusters.choices import ClusterState, MemberState
 from clusters.models import Cluster, ClusterMember
 from clusters.node_files import node_key_for, node_key_secret_name
@@ -15,14 +15,13 @@ from clusters.runners.nodes import NODE_FILES_AGENT, node_settings_leave
 from console import secrets
 from console.choices import JobState, StepState
 from console.jobs import JobContext, job_create
-from console.models import Job
 from machines.agent import agent_version
 from machines.choices import MachineState
 from machines.models import Machine
 from machines.versions import agent_outdated
 from tests.builders import cluster_of, gpu_machine
 from tests.factories import JobFactory
-from tests.cluster_jobs import image, node, quiet, step_of  # noqa: F401 (fixtures)
+from tests.cluster_jobs import agents, image, node, quiet, run, step_of  # noqa: F401 (fixtures)
 from tests.fakes import FakeAgents
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the job's threads read the database on their own connections
@@ -45,15 +44,6 @@ def running(image, machines):
     return cluster_of(machines, runtime=image)
 
 
-@pytest.fixture
-def agents(monkeypatch):
-    fakes = FakeAgents({"gpu-a": {"ray": {"alive_nodes": 3, "gpus": 24, "nodes": [node(11), node(12), node(13)]}}})
-    return fakes.install(monkeypatch)
-
-
-def run(job: Job) -> Job:
-    tasks.cluster_job(job.pk)  # tasks are eager: it ran on commit already, and runs no second time
-    return Job.objects.get(pk=job.pk)
 
 
 def calls_to(agents: FakeAgents, method: str) -> list[str]:

@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from clusters import ray_token, services, steps, tasks
+from clusters import ray_token, services, steps
 from clusters.choices import ClusterState
 from clusters.runners.secrets import check_token_agents
 from console.choices import JobState
 from console.jobs import JobError
-from console.models import Job, SealedSecret
+from console.models import SealedSecret
 from machines.models import Machine
 from tests.builders import cluster_of, gpu_machine
-from tests.cluster_jobs import image, node, quiet  # noqa: F401 (fixtures)
+from tests.cluster_jobs import image, node, quiet, run  # noqa: F401 (fixtures)
 from tests.fakes import FakeAgents
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,10 +30,6 @@ def agents(monkeypatch):
     fakes = FakeAgents({"gpu-a": {"ray": {"alive_nodes": 2, "gpus": 16, "nodes": [node(11), node(12)]}}})
     return fakes.install(monkeypatch)
 
-
-def run(job: Job) -> Job:
-    tasks.cluster_job(job.pk)
-    return Job.objects.get(pk=job.pk)
 
 
 def order(agents: FakeAgents, name: str) -> list[str]:
