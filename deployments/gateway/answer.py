@@ -25,19 +25,21 @@ _COMPLETION = re.compile(rb'"completion_tokens"\s*:\s*([0-9]{1,15})\s*[,}]')
 
 class Answer:
     """The client's ``send``, passed on, noting what goes back. A plain call that returns the server's own
-    awaitable: no coroutine of its own per chunk, and per chunk one append to the tail (cut back to ``TAIL``
-    bytes once it holds twice that, so a long stream costs no more memory than a short one)."""
+    awaitable: no coroutine of its own per chunk, and per chunk one append of a reference (no copy). Past
+    ``2 x TAIL`` bytes the chunks are cut back to the last ``TAIL``, so a long stream costs no more memory than a
+    short one; an answer that fits (most) is never copied or searched before ``tokens()``."""
 
-    __slots__ = ("send", "status", "first_at", "streamed", "tail", "held", "_tokens")
+    __slots__ = ("send", "status", "first_at", "streamed", "chunks", "size", "held", "_tokens")
 
     def __init__(self, send):
         self.send = send
         self.status: int | None = None  # None: no answer began (the client left, or the gateway failed first)
         self.first_at: float | None = None  # time.perf_counter() when the first body bytes went
         self.streamed = False  # text/event-stream
-        self.tail = bytearray()
-        # The last usage seen in a chunk, kept apart: vLLM writes prompt_logprobs after the usage of a whole answer,
-        # and on a long prompt they push it out of the tail (a key's tokens limit would then count nothing).
+        self.chunks: list[bytes] = []  # the answer's end, at most 2 x TAIL bytes
+        self.size = 0
+        # The last usage in what was cut away, kept apart: vLLM writes prompt_logprobs after the usage of a whole
+        # answer, and on a long prompt they push it out of the tail (a key's tokens limit would then count nothing).
         self.held = b""
         self._tokens: tuple[int, int] | None = None
 
@@ -46,13 +48,10 @@ class Answer:
         if body:
             if self.first_at is None:
                 self.first_at = time.perf_counter()
-            at = body.rfind(b'"usage"')
-            if at >= 0:
-                self.held = bytes(body[at:at + USAGE_HELD])
-            tail = self.tail
-            tail += body
-            if len(tail) > _TWICE:
-                del tail[:-TAIL]
+            self.chunks.append(body)
+            self.size += len(body)
+            if self.size > _TWICE:
+                self._cut()
         elif body is None and message["type"] == "http.response.start":
             self.status = message["status"]
             for name, value in message.get("headers", ()):
@@ -60,6 +59,19 @@ class Answer:
                     self.streamed = value.startswith(b"text/event-stream")
                     break
         return self.send(message)
+
+    def _cut(self) -> None:
+        """Keep the last TAIL bytes; the last usage in what goes (or across the cut) is held."""
+        data = b"".join(self.chunks)
+        at = data.rfind(b'"usage"', 0, len(data) - TAIL + len(b'"usage"') - 1)
+        if at >= 0:
+            self.held = data[at:at + USAGE_HELD]
+        self.chunks, self.size = [data[-TAIL:]], TAIL
+
+    @property
+    def tail(self) -> bytes:
+        """The answer's end kept: at least its last TAIL bytes (all of a shorter answer), at most 2 x TAIL."""
+        return b"".join(self.chunks)
 
     def tokens(self) -> tuple[int, int]:
         """(prompt, completion) tokens the copy's answer says it used; (0, 0) for an answer that is not 2xx
@@ -69,7 +81,8 @@ class Answer:
             if status is None or not 200 <= status < 300:
                 self._tokens = (0, 0)
             else:
-                self._tokens = usage_of(self.tail) if b'"usage"' in self.tail or not self.held else usage_of(self.held)
+                tail = self.tail
+                self._tokens = usage_of(self.held) if self.held and b'"usage"' not in tail else usage_of(tail)
         return self._tokens
 
 

@@ -31,6 +31,7 @@ from deployments.gateway import keys, upstream
 from deployments.gateway.answer import Answer
 from deployments.gateway.background import BackgroundWork, GatewayConfig
 from deployments.gateway.metrics import GatewayMetrics, MetricsConfig
+from deployments.gateway.protocol import CLIENT, Client
 from deployments.gateway.routes import CopyRoute, DeploymentRoute, KeyEntry, snapshot_load
 
 FORWARDED = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
@@ -41,6 +42,7 @@ HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-authenticate", b"p
                         b"transfer-encoding", b"upgrade", b"server", b"date"})
 JSON_HEADERS = [(b"content-type", b"application/json")]
 NAMES_SHOWN = 20  # deployments named in an error at most
+SEEN_KEYS = 1024  # keys' entries kept by their Authorization header (forgotten all at once past this)
 
 
 class ClientGone(Exception):
@@ -56,6 +58,8 @@ class Gateway:
         self.table = self.background.table  # read here on each request, refreshed in place by the background work
         self.pool: upstream.Pool | None = None
         self.metrics = GatewayMetrics(self.table, metrics)  # GET /metrics (metrics.py)
+        self._seen: dict[bytes, KeyEntry] = {}  # Authorization header -> the key's entry in ``_seen_table``
+        self._seen_table: dict | None = None
 
     @classmethod
     def from_settings(cls) -> Gateway:
@@ -134,9 +138,15 @@ class Gateway:
                                           f"{', '.join(sorted(FORWARDED))}.", code="unknown_url")
 
     def authenticate(self, headers) -> KeyEntry | str:
-        """The key's entry, or why it is refused (in words, never with the key in full)."""
+        """The key's entry, or why it is refused (in words, never with the key in full). The entries of the keys
+        presented lately are kept by their header's value, for as long as the key table is the same: a key is hashed
+        once, not on every request."""
         for name, value in headers:
             if name == b"authorization":
+                if self._seen_table is not self.table.keys:
+                    self._seen, self._seen_table = {}, self.table.keys
+                elif (entry := self._seen.get(value)) is not None:
+                    return entry
                 scheme, _, secret = value.decode("latin-1").strip().partition(" ")
                 secret = secret.strip()
                 if scheme.lower() != "bearer" or not secret:
@@ -149,6 +159,9 @@ class Gateway:
                             "page; a key made there works within a second.")
                 if entry.revoked:
                     return f"The API key {secret[:8]}… was revoked on the console's Gateway page: ask an Operator for another."
+                if len(self._seen) >= SEEN_KEYS:
+                    self._seen.clear()
+                self._seen[value] = entry
                 return entry
         return ("You didn't provide an API key. Send it in an Authorization header using Bearer auth "
                 "(Authorization: Bearer <your key>); Operators create keys on the console's Gateway page.")
@@ -164,7 +177,7 @@ class Gateway:
                                           "gateway accepts.", code="request_too_large")
             return
         try:
-            request = json.loads(body)
+            request = json.loads(body.decode())  # JSON between systems is UTF-8 (RFC 8259): no guessing of the encoding
         except (ValueError, RecursionError) as exc:
             await self._refuse(send, 400, f"We could not parse the JSON body of your request ({type(exc).__name__}): "
                                           "the gateway expects a JSON object with a \"model\".", code="invalid_json")
@@ -190,22 +203,31 @@ class Gateway:
         stream = request.get("stream") is True
         keys = route.prompt_keys(request)  # None unless the deployment is routed cache-aware
         # From here on, a client that goes away cancels the request: the copy's connection is closed, so
-        # it stops generating for nobody (and a request waiting for its answer does not keep a slot).
+        # it stops generating for nobody (and a request waiting for its answer does not keep a slot). The gateway's
+        # protocol says so (protocol.py); under another server, a task watches for the disconnect.
         task = asyncio.current_task()
-        state = {"done": False, "gone": False}
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, task, state))
+        client = scope.get(CLIENT)
+        watcher = None
+        if client is None:
+            client = Client()
+            watcher = asyncio.ensure_future(_watch_disconnect(receive, client))
+        elif client.gone:
+            return  # it left once its body was read
+        client.task, client.armed = task, True
         error = True
         answer = Answer(send)  # notes the status, the first chunk and the answer's end (its usage: answer.py)
         try:
             error = await self._send_to_a_copy(scope, receive, answer, route, body, stream, keys)
+            client.flush()  # the answer's end to the client before the counting below
         except asyncio.CancelledError:
-            if not state["gone"]:
+            if not client.gone:
                 raise
             task.uncancel()
             error = False  # the client left: not the copy's error
         finally:
-            state["done"] = True
-            watcher.cancel()
+            client.armed = False
+            if watcher is not None:
+                watcher.cancel()
             self.background.counts.record(route.id, seconds=time.perf_counter() - started, error=error)
             self.metrics.record(route.name, answer, started, error)
             self.background.limits.answered(key, answer.tokens(), error=error)
@@ -323,14 +345,13 @@ async def _read_body(receive, limit: int) -> bytes | None:
             return b"".join(chunks)
 
 
-async def _watch_disconnect(receive, task: asyncio.Task, state: dict) -> None:
-    """Cancel the request's task when its client goes away before the answer ended (the copy then stops)."""
+async def _watch_disconnect(receive, client: Client) -> None:
+    """Cancel the request's task when its client goes away before the answer ended (the copy then stops): under a
+    server other than the gateway's protocol, which tells ``client`` itself."""
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            if not state["done"]:
-                state["gone"] = True
-                task.cancel()
+            client.hung_up()
             return
 
 

@@ -12,7 +12,17 @@ and keeps a connection that never sends a byte forever. Here (docs/gateway.md, "
 
 Idle kept-alive connections between requests are closed after FADEN_GATEWAY_KEEPALIVE seconds (uvicorn's
 own timer, given on the command line by ``faden serve``). uvicorn imports this class by name (``--http``).
+
+Two things for the gateway's request path (docs/gateway.md, "Against its peers"):
+
+- the writes of one turn of the event loop go to the client in one (``OneWrite``): uvicorn writes an answer's
+  head, each piece of its body and a stream's end apart, and each write is a system call (on loopback, the
+  reader's wake-up too): a whole answer now costs one;
+- the request's ``Client`` (in its scope) lets the application send what is written at once (``flush``: the
+  answer's end goes before the gateway's own bookkeeping), and cancels the request when the client hangs up while
+  the application has it ``armed``: no task per request watching for the disconnect.
 """
+import asyncio
 import logging
 import resource
 
@@ -75,6 +85,67 @@ def _room_for(connections: int) -> int:
     return connections
 
 
+CLIENT = "faden.client"  # the request's Client, in its scope
+
+
+class Client:
+    """A request's client as the application sees it beside ASGI. While the application has it ``armed`` (its ``task``
+    waiting on a copy), the client hanging up cancels that task; ``gone`` says the client left. ``flush`` sends what
+    was written so far now rather than at the end of the event loop's turn."""
+
+    __slots__ = ("task", "armed", "gone", "flush")
+
+    def __init__(self, flush=None):
+        self.task: asyncio.Task | None = None
+        self.armed = False
+        self.gone = False
+        self.flush = flush or _nothing
+
+    def hung_up(self) -> None:
+        self.gone = True
+        if self.armed and self.task is not None:
+            self.task.cancel()
+
+
+def _nothing() -> None:
+    pass
+
+
+class OneWrite:
+    """The client's transport, its writes of one turn of the event loop sent in one (at the end of the turn, or
+    before the connection closes). What else a transport does is the transport's own."""
+
+    __slots__ = ("transport", "loop", "pending")
+
+    def __init__(self, transport, loop):
+        self.transport, self.loop = transport, loop
+        self.pending: list[bytes] = []
+
+    def write(self, data) -> None:
+        if data:
+            if not self.pending:
+                self.loop.call_soon(self.flush)
+            self.pending.append(data)
+
+    def flush(self) -> None:
+        pending = self.pending
+        if pending:
+            self.pending = []
+            if not self.transport.is_closing():
+                self.transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def abort(self) -> None:
+        self.pending = []
+        self.transport.abort()
+
+    def __getattr__(self, name):
+        return getattr(self.transport, name)
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -87,6 +158,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     # Connections: at most max_connections, the longest-waiting idle one gives way to a new one.
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self.transport = OneWrite(transport, self.loop)
         if len(self.connections) > self.bounds.max_connections and not self._make_room():
             log.warning("Refused a connection: all %s connections are busy with requests.", self.bounds.max_connections)
             self._close_with(self.bounds.too_many)
@@ -112,17 +184,25 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc) -> None:
         self._stop_head_timer()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.scope[CLIENT].hung_up()
         super().connection_lost(exc)
 
-    # The head: bounded in bytes and in time.
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope[CLIENT] = Client(self.transport.flush)
+
+    # The head: bounded in bytes and in time. The timer runs only for a head that did not come whole in one read
+    # (a request's usually does): no timer set and cancelled per request.
     def data_received(self, data: bytes) -> None:
         if self.in_head:
-            if self.head_timer is None:
-                self._arm_head_timer()
             self.head_bytes += len(data)
         super().data_received(data)
-        if self.in_head and self.head_bytes > self.bounds.max_head and not self.transport.is_closing():
-            self._close_with(self.bounds.too_large)
+        if self.in_head and self.head_bytes and not self.transport.is_closing():
+            if self.head_bytes > self.bounds.max_head:
+                self._close_with(self.bounds.too_large)
+            elif self.head_timer is None:
+                self._arm_head_timer()
 
     def on_headers_complete(self) -> None:
         self.in_head = False

@@ -17,6 +17,7 @@ from deployments.choices import CopyState
 from deployments.gateway import failures, traffic
 from deployments.gateway.app import Gateway
 from deployments.gateway.background import GatewayConfig
+from deployments.gateway.protocol import BoundedHttpToolsProtocol
 from deployments.gateway.routes import CopyRoute, DeploymentRoute, RouteTable, Snapshot
 from deployments.models import Copy, GatewayKey
 from tests.builders import cluster_of, deployment_of, gpu_machine, ready_model
@@ -37,15 +38,16 @@ def wait_for(predicate, *, timeout: float = 5.0, every: float = 0.02):
 
 
 class RunningGateway:
-    """The gateway under uvicorn (httptools, the server faden serve runs) on a free port, in a thread."""
+    """The gateway under uvicorn (httptools in the gateway's protocol, as faden serve runs it) on a free port, in a
+    thread."""
 
-    def __init__(self, app: Gateway):
+    def __init__(self, app: Gateway, http=BoundedHttpToolsProtocol):
         self.app = app
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, http="httptools", lifespan="on", log_level="warning",
-                                                    access_log=False))
+        self.server = uvicorn.Server(uvicorn.Config(app, http=http, lifespan="on", log_level="warning",
+                                                    access_log=False, proxy_headers=False))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         wait_for(lambda: self.server.started, timeout=10)
@@ -74,10 +76,10 @@ def start_gateway(redis):
     client, prefix = redis
     running = []
 
-    def start(**overrides) -> RunningGateway:
+    def start(http=BoundedHttpToolsProtocol, **overrides) -> RunningGateway:
         config = GatewayConfig(**{"redis_url": _url(client), "prefix": prefix,
                                   "refresh_every": 0.1, "probe_every": 0.2, "connect_timeout": 1.0, **overrides})
-        gateway = RunningGateway(Gateway(config))
+        gateway = RunningGateway(Gateway(config), http)
         running.append(gateway)
         return gateway
 
@@ -249,12 +251,15 @@ def test_a_client_that_leaves_a_stream_makes_the_gateway_leave_the_copy_too(clus
     wait_for(lambda: long.aborted == 1, timeout=3)
 
 
-def test_a_client_that_leaves_while_a_whole_answer_is_made_frees_its_place_at_once(cluster, upstreams, start_gateway):
+@pytest.mark.parametrize("http", [BoundedHttpToolsProtocol, "httptools"], ids=["gateway-protocol", "uvicorn-httptools"])
+def test_a_client_that_leaves_while_a_whole_answer_is_made_frees_its_place_at_once(cluster, upstreams, start_gateway,
+                                                                                   http):
+    """The gateway's protocol cancels the request itself; under another server, a task watches for the disconnect."""
     slow = upstreams("slow")
     slow.hold = threading.Event()
     serving(deployment_of(cluster, name="llama"), slow)
     secret = a_key()
-    gateway = start_gateway()
+    gateway = start_gateway(http)
     copy = gateway.app.table.deployments["llama"].copies[0]
     try:
         with pytest.raises(httpx.ReadTimeout):

@@ -45,7 +45,7 @@ def gateway_argv(python: str, *, bind: str, port: int, workers: int) -> list[str
     port."""
     return [python, "-m", "uvicorn", gateway_application(), "--host", bind, "--port", str(port),
             "--workers", str(workers), "--loop", "uvloop", "--http", _module_attribute(settings.FADEN_GATEWAY_PROTOCOL),
-            "--ws", "none", "--lifespan", "on", "--no-access-log", "--no-server-header",
+            "--ws", "none", "--lifespan", "on", "--no-access-log", "--no-server-header", "--no-proxy-headers",
             "--timeout-keep-alive", str(settings.FADEN_GATEWAY_KEEPALIVE),
             "--h11-max-incomplete-event-size", str(settings.FADEN_GATEWAY_MAX_HEAD),
             "--timeout-graceful-shutdown", "10"]
