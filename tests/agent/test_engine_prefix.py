@@ -1,6 +1,7 @@
 """The lab's engine (lab/stubs/vllm) models vLLM's prefix cache: a prompt's prefill costs time per token, the
 leading blocks it has seen lately are not prefilled again, within the cache's size, and /metrics counts the
 tokens queried and hit under vLLM's names (parsed with prometheus_client's own parser)."""
+import threading
 import time
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -88,3 +89,42 @@ def test_a_prefill_pace_or_a_cache_size_that_is_not_a_number_stops_the_start(tin
                                ("FADEN_LAB_ENGINE_PREFIX_CACHE", "-1", "FADEN_LAB_ENGINE_PREFIX_CACHE must be a whole number")):
         code, output = Running(tmp_path, tiny_model, env={name: value}).ended()
         assert code == 1 and words in output and "Application startup complete." not in output
+
+
+def gauges(engine: Running) -> dict:
+    status, text = engine.request("GET", "/metrics")
+    assert status == 200
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if family.type == "gauge"}
+
+
+def test_a_running_request_holds_its_prompts_and_completions_tokens_in_the_kv_cache_until_it_ends(tiny_model, tmp_path):
+    """vLLM's kv_cache_usage_perc (and 0.9's gpu_cache_usage_perc): the share of the cache the running requests hold,
+    the cache as large as FADEN_LAB_ENGINE_PREFIX_CACHE; the engine's stats line says the same."""
+    engine = Running(tmp_path, tiny_model, "--max-model-len", "2048",
+                     env={"FADEN_LAB_ENGINE_PREFIX_CACHE": "5000", "FADEN_LAB_ENGINE_PACE": "20"}).wait_listening()
+    try:
+        assert gauges(engine)["vllm:kv_cache_usage_perc"] == 0.0
+        body = dict(chat("Where does the river go?"), max_tokens=20, ignore_eos=True,
+                    stream_options={"include_usage": True})
+        running = threading.Thread(target=lambda: answers.append(engine.stream("/v1/chat/completions", body)))
+        answers: list = []
+        running.start()
+        held = wait_for_gauge(engine, lambda g: g["vllm:num_requests_running"] == 1)
+        running.join(10)
+        usage = next(event["usage"] for _, event in answers[0] if isinstance(event, dict) and event.get("usage"))
+        assert held["vllm:kv_cache_usage_perc"] == (usage["prompt_tokens"] + usage["completion_tokens"]) / 5000
+        assert held["vllm:gpu_cache_usage_perc"] == held["vllm:kv_cache_usage_perc"]
+        assert gauges(engine)["vllm:kv_cache_usage_perc"] == 0.0, "freed when the request ended"
+    finally:
+        engine.stop()
+
+
+def wait_for_gauge(engine: Running, ready, timeout: float = 5.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = gauges(engine)
+        if ready(found):
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"not within {timeout} s: {found}")
