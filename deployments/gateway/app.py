@@ -236,8 +236,10 @@ class Gateway:
                               keys: list[int] | None = None) -> bool:
         """Forward to the least busy copy, and to the next one while copies refuse the connection (or, once, to
         another when a copy closed the connection before it answered); True for an error."""
-        headers = [(name, value) for name, value in scope["headers"] if name in PASSED_UP]
-        path = scope["path"] + ("?" + scope["query_string"].decode("latin-1") if scope["query_string"] else "")
+        passed = b"".join([name + b": " + value + b"\r\n" for name, value in scope["headers"] if name in PASSED_UP])
+        passed += b"Content-Length: %d\r\n\r\n" % len(body)
+        query = scope["query_string"]
+        path = scope["path"] + "?" + query.decode("latin-1") if query else None  # (a head made each time: not kept)
         timeout = None if stream else self.config.read_timeout
         tried: set[int] = set()
         refused: list[str] = []
@@ -246,8 +248,9 @@ class Gateway:
             tried.add(copy.id)
             copy.in_flight += 1
             try:
-                head = upstream.request_head("POST", path, copy.host, copy.port, headers + upstream.copy_auth(copy.api_key),
-                                             len(body))
+                start = copy.head(scope["path"]) if path is None else upstream.request_start(
+                    "POST", path, copy.host, copy.port, upstream.copy_auth(copy.api_key))
+                head = start + passed
                 try:
                     response = await self.pool.request(copy.host, copy.port, head, body, timeout=timeout,
                                                        tls=self.background.tls_for(copy))

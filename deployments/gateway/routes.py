@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from deployments.choices import ROUTED, Routing
 from deployments.gateway.prefix import CacheAware
+from deployments.gateway.upstream import copy_auth, request_start
 
 
 @dataclass(eq=False)
@@ -36,6 +37,20 @@ class CopyRoute:
     out_reason: str = ""
     api_key: str | None = None  # the copy's own key, sent in place of the client's (None: a copy without one)
     tls: bool = False  # it serves mutual TLS: called with the console's client certificate (deployments/copy_tls.py)
+    heads: dict[str, bytes] = field(default_factory=dict)  # path -> the request line, Host and the copy's key
+
+    def head(self, path: str) -> bytes:
+        """The start of a POST's head to this copy for one of the gateway's paths (made once per path): its request
+        line, Host and the copy's own key; the client's headers, the length and the blank line follow."""
+        head = self.heads.get(path)
+        if head is None:
+            head = self.heads[path] = request_start("POST", path, self.host, self.port, copy_auth(self.api_key))
+        return head
+
+    def key_set(self, api_key: str | None) -> None:
+        if api_key != self.api_key:
+            self.api_key = api_key
+            self.heads = {}
 
     @property
     def out(self) -> bool:
@@ -217,7 +232,7 @@ class RouteTable:
             tls = pk in copy_tls
             if route is None or (route.host, route.port, route.since, route.tls) != (host, port, since, tls):
                 route = CopyRoute(id=pk, number=number, deployment=name, host=host, port=port, since=since, tls=tls)
-            route.api_key = copy_keys.get(pk)
+            route.key_set(copy_keys.get(pk))
             copies[pk] = route
             deployments[name].copies.append(route)
         for name, route in deployments.items():

@@ -305,12 +305,15 @@ def copy_auth(api_key: str | None) -> list[tuple[bytes, bytes]]:
     return [(b"Authorization", b"Bearer " + api_key.encode("ascii"))] if api_key else []
 
 
-def request_head(method: str, path: str, host: str, port: int, headers: list[tuple[bytes, bytes]], length: int | None) -> bytes:
-    """The request line and headers, ending with the blank line."""
+def request_start(method: str, path: str, host: str, port: int, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The request line and headers, without the blank line that ends a head."""
     shown = f"[{host}]" if ":" in host else host
     lines = [f"{method} {path} HTTP/1.1\r\nHost: {shown}:{port}\r\n".encode("latin-1")]
     lines += [name + b": " + value + b"\r\n" for name, value in headers]
-    if length is not None:
-        lines.append(b"Content-Length: %d\r\n" % length)
-    lines.append(b"\r\n")
     return b"".join(lines)
+
+
+def request_head(method: str, path: str, host: str, port: int, headers: list[tuple[bytes, bytes]], length: int | None) -> bytes:
+    """The request line and headers, ending with the blank line."""
+    start = request_start(method, path, host, port, headers)
+    return start + (b"Content-Length: %d\r\n\r\n" % length if length is not None else b"\r\n")

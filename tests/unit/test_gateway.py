@@ -154,12 +154,15 @@ def test_a_request_goes_to_a_copy_of_the_deployment_its_model_names(cluster, ups
     by_llama = {answered_by(chat(client, "llama")) for _ in range(4)}
     by_qwen = {answered_by(chat(client, "qwen")) for _ in range(3)}
     completion = client.post("/v1/completions", json={"model": "qwen", "prompt": "hi"})
+    queried = client.post("/v1/completions?tag=a%20b", json={"model": "qwen", "prompt": "hi"})
     embedding = client.post("/v1/embeddings", json={"model": "llama", "input": "hi"})
 
     assert by_llama == {"llama_a", "llama_b"} and by_qwen == {"qwen"}
     assert completion.status_code == 200 and completion.json()["choices"][0]["text"]
     assert embedding.status_code == 200 and embedding.json()["data"][0]["embedding"] == [0.1, 0.2, 0.3]
     assert qwen.arrived("/v1/completions") == 1
+    assert qwen.requests[-1]["path"] == "/v1/completions?tag=a%20b", "the query string is passed on as it came"
+    assert queried.status_code == 404, "and the copy's answer (this one knows no query) as it came"
     sent = llama_a.requests[0]["headers"]
     assert "Authorization" not in sent and "authorization" not in sent, "the key stays at the gateway"
     assert json.loads(llama_a.requests[0]["body"])["model"] == "llama"
