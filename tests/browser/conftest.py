@@ -1,14 +1,13 @@
 """A whole console in processes of its own (tests/processes.py) on the test database, and Chromium."""
 import os
-import shutil
 import threading
 
 import pytest
 
+from tests import chromium as browsers
 from tests.processes import console_processes
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API runs an event loop
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PASSWORD = "a-browser-test-password"
 
 
@@ -34,7 +33,7 @@ def console_options(loopback_hub_url) -> dict:
 @pytest.fixture(scope="module")
 def console_processes_of_module(console_options, django_db_setup):
     """Daphne and a worker (and beat, when the module asks), started once for the module's tests."""
-    if not os.path.exists(CHROMIUM):
+    if not os.path.exists(browsers.CHROMIUM):
         pytest.skip("browser tests need Chromium (apt-get install chromium)")
     with console_processes(**console_options) as processes:
         yield processes
@@ -57,11 +56,7 @@ def chromium(console_processes_of_module):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-        )
+        browser = browsers.launch(playwright)
         yield browser
         browser.close()
 
@@ -71,14 +66,7 @@ def sign_in(console, chromium):
     """A new Chromium page (a browser context of its own) signed in as ``username`` with PASSWORD."""
 
     def signed_in(username: str):
-        page = chromium.new_page(viewport={"width": 1440, "height": 900}, base_url=console)
-        page.set_default_timeout(15000)
-        page.goto("/login/")
-        page.fill("input[name=username]", username)
-        page.fill("input[name=password]", PASSWORD)
-        page.click("button[type=submit]")
-        page.wait_for_url(console + "/")
-        return page
+        return browsers.signed_in(chromium, console, username, PASSWORD)
 
     return signed_in
 

@@ -16,6 +16,7 @@ restarted) runs in Podman's containers in the cluster life module (test_cluster_
 cluster it has running already; the agent's copies in Podman alone in tests/lab/test_copies_lab.py."""
 import http.client
 import json
+import os
 import re
 import ssl
 import threading
@@ -36,6 +37,7 @@ from console.models import Job
 import deployments.serving
 from deployments import copy_keys, copy_tls, drain, drain_input, gateway_keys, model_traffic, orphans, placement_input, services
 from deployments.choices import CopyState, DrainState, Routing
+from deployments.gateway import traffic
 from deployments.forms import ask_from
 from deployments.models import Copy, Deployment, Drain, EngineSample, KeyUsage
 from machines.agent_client import Agent
@@ -98,6 +100,7 @@ def test_a_model_deployed_called_stopped_started_and_served_through_restarts(lab
     assert len({c.machine_id for c in deployment.copy_rows.all()}) == 2  # spread
 
     _, key = gateway_keys.gateway_key_create(name="lab", user=operator)
+    since = time.time()  # the deployment's first requests (its charts' first minute)
     wait_for(lambda: chat(console, key)[0] != 401, timeout=5, what="the gateway to know the new key", every=0.2)
     status, body = chat(console, key)
     assert status == 200, body
@@ -143,6 +146,10 @@ def test_a_model_deployed_called_stopped_started_and_served_through_restarts(lab
     wait_for(serving(2), timeout=120, what="the copies serving again after Start")
     # The gateway picks up copies within a second of their Serving.
     wait_for(lambda: chat(console, key)[0] == 200, timeout=3, every=0.2, what="the gateway to route to them again")
+
+    # From here to the charts, a client calls without pause (the figures the charts draw).
+    loaded = Caller(console, key)
+    loaded.start()
 
     # The console's processes restart; the copies (and the gateway) keep answering throughout.
     pids = dict(Copy.objects.filter(deployment=deployment).values_list("number", "pid"))
@@ -191,6 +198,10 @@ def test_a_model_deployed_called_stopped_started_and_served_through_restarts(lab
     assert served_serial(copy) != served
     assert dict(Copy.objects.filter(deployment=deployment).values_list("number", "pid")) == pids
 
+    # The deployment's page under load, in Chromium: its charts draw the gateway's traffic and the engines' figures.
+    charts_drawn_under_load(console, deployment, key, loaded, since)
+    assert set(loaded.stop()) == {200}
+
     # A copy larger than any machine (16 GPUs; the machines have 8) spans two machines through a Ray of its
     # own: each pipeline stage on the GPUs the plan gave it there; served through the gateway; deleted, it
     # leaves nothing running on either machine.
@@ -222,6 +233,48 @@ def test_a_model_deployed_called_stopped_started_and_served_through_restarts(lab
     for member in (first, second):
         with Agent.open(member.machine) as agent:
             assert [s.copy for s in agent.copy_list()] == []
+
+
+PASSWORD = "a-lab-browser-password"
+
+
+def charts_drawn_under_load(console, deployment: Deployment, key: str, loaded: Caller, since: float) -> None:
+    """The deployment's page in Chromium while ``loaded`` calls it (since ``since``): once the gateway has counted a
+    whole minute of its traffic and a health check has read an engine with a request running (and the KV cache it
+    holds), the six charts draw from those figures: the gateway's requests and latency (its minutes in Redis) and
+    the engines' requests, generation and KV cache, with the requests running now in the legend."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests import chromium
+
+    viewer = UserFactory(username="lab-viewer", role=roles.VIEWER)
+    viewer.set_password(PASSWORD)
+    viewer.save()
+    wait_for(lambda: time.time() // 60 > since // 60 and traffic.traffic_minutes(
+        deployment.pk, [int(since // 60)])[0].requests, timeout=70, every=0.5, what="a whole minute of traffic counted")
+    latest = lambda: EngineSample.objects.filter(deployment=deployment).order_by("-taken_at").first()  # noqa: E731
+    wait_for(lambda: (sample := latest()) and sample.running and sample.kv_cache, timeout=30, every=0.2,
+             what="the latest health check to read an engine with a request running")
+    with sync_playwright() as playwright:
+        browser = chromium.launch(playwright)
+        try:
+            page = chromium.signed_in(browser, console.url, viewer.username, PASSWORD)
+            page.goto(f"/deployments/{deployment.pk}/")
+            charts = page.locator("#deployment-charts")
+            expect(charts.locator("figure.chart")).to_have_count(6)
+            for title in ("Requests", "Latency", "Requests in the engines", "Generation", "KV-cache use"):
+                figure = charts.locator("figure.chart").filter(
+                    has=page.locator(".chart__title", has_text=re.compile(f"^{re.escape(title)}$")))
+                expect(figure.locator(".chart__empty")).to_have_count(0)
+                assert figure.locator("path.chart__line, circle.chart__dot").count() >= 1, f"{title} draws"
+            running = charts.locator(".chart__key", has_text="Running").locator("strong").inner_text()
+            assert running.isdigit() and int(running) >= 1, running
+            counted = charts.locator("#deployment-charts-gateway .chart__key", has_text="Requests").locator("strong")
+            assert counted.inner_text().replace(",", "").isdigit() and int(counted.inner_text().replace(",", "")) >= 1
+            if directory := os.environ.get("FADEN_SCREENSHOTS"):
+                page.screenshot(path=os.path.join(directory, "lab-deployment-under-load.png"), full_page=True)
+        finally:
+            browser.close()
 
 
 def served_serial(copy: Copy) -> int:
