@@ -19,6 +19,8 @@ the prompt's prefix in its cache (``app.py``). The modules, each for one thing:
 - ``upstream.py``: keep-alive connections to the copies (asyncio and httptools' parser);
 - ``metrics.py``: ``GET /metrics`` in Prometheus's text format, counted in memory on the request path;
   ``metrics_files.py`` adds up the figures of workers sharing a port (prometheus_client's multiprocess files);
+- ``protocol.py``: uvicorn's HTTP protocol with bounds, one write per answer, and the request's ``Client``
+  (its hang-up cancels the request);
 - ``app.py``: the ASGI application.
 
 Only ``keys``, ``traffic``, ``failures`` and ``key_usage`` are imported by the console's own processes: the others
