@@ -75,3 +75,18 @@ def sign_in(console, chromium):
 def page(sign_in):
     """A Chromium page signed in as the administrator."""
     return sign_in("admin")
+
+
+@pytest.fixture
+def gateway_redis():
+    """The gateway's Redis under the prefix this run's consoles read: (client, prefix); the figures and usage the
+    test recorded there deleted after."""
+    from django.conf import settings
+
+    from deployments.gateway import traffic
+
+    client, prefix = traffic.redis_client(settings.REDIS_URL), settings.FADEN_GATEWAY_REDIS_PREFIX
+    yield client, prefix
+    for pattern in (f"{prefix}:traffic:*", f"{prefix}:usage:*"):
+        if names := list(client.scan_iter(pattern)):
+            client.delete(*names)

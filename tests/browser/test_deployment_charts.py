@@ -8,13 +8,11 @@ import os
 import time
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 from playwright.sync_api import expect
 
 from console import live
 from deployments.choices import CopyState
-from deployments.gateway import traffic
 from deployments.models import Copy, EngineSample
 from tests.builders import cluster_of, deployment_of, engine_samples_recorded, gateway_minutes_recorded, gpu_machine
 
@@ -29,16 +27,6 @@ def console_options():
     return {"env": {"FADEN_TEST_ENGINE_METRICS_TIMEOUT": "2"}}
 
 
-@pytest.fixture
-def gateway_figures():
-    """The gateway's Redis, under the prefix this run's consoles read; emptied after."""
-    client, prefix = traffic.redis_client(settings.REDIS_URL), settings.FADEN_GATEWAY_REDIS_PREFIX
-    yield client, prefix
-    names = list(client.scan_iter(f"{prefix}:traffic:*"))
-    if names:
-        client.delete(*names)
-
-
 def serving_copies(deployment, count: int) -> list[Copy]:
     return [Copy.objects.create(deployment=deployment, number=n, state=CopyState.SERVING, machine=None,
                                 address=f"198.18.1.{10 + n}", port=8100, serving_since=timezone.now()) for n in range(1, count + 1)]
@@ -50,13 +38,13 @@ def screenshot(page, name: str) -> None:
         page.screenshot(path=os.path.join(directory, f"{name}.png"), full_page=True)
 
 
-def test_the_deployment_page_draws_the_gateway_and_the_engines_over_the_last_hour(page, gateway_figures):
+def test_the_deployment_page_draws_the_gateway_and_the_engines_over_the_last_hour(page, gateway_redis):
     cluster = cluster_of([gpu_machine("gpu-a", 11), gpu_machine("gpu-b", 12)])
     llama = deployment_of(cluster, name="llama", copies=2)
     copies = serving_copies(llama, 2)
     now = time.time()
     engine_samples_recorded(llama, copies, now=now)
-    gateway_minutes_recorded(llama, now=now, client=gateway_figures[0], prefix=gateway_figures[1])
+    gateway_minutes_recorded(llama, now=now, client=gateway_redis[0], prefix=gateway_redis[1])
 
     page.goto(f"/deployments/{llama.pk}/")
     charts = page.locator("#deployment-charts")
@@ -88,7 +76,7 @@ def test_the_deployment_page_draws_the_gateway_and_the_engines_over_the_last_hou
     expect(engines.locator(".chart__key", has_text="Running").locator("strong")).to_have_text("67", timeout=15000)
 
 
-def test_a_deployment_without_figures_says_so_in_each_chart(page, gateway_figures):
+def test_a_deployment_without_figures_says_so_in_each_chart(page, gateway_redis):
     cluster = cluster_of([gpu_machine("gpu-a", 11)])
     quiet = deployment_of(cluster, name="quiet", copies=1)
     serving_copies(quiet, 1)

@@ -11,11 +11,10 @@ import re
 import time
 
 import pytest
-from django.conf import settings
 from playwright.sync_api import expect
 
 from deployments import gateway_keys
-from deployments.gateway import keys, traffic
+from deployments.gateway import keys
 from deployments.gateway.key_usage import Figures, UsageCounts, hour_of, usage_add
 from deployments.models import GatewayKey, KeyUsage
 from deployments.tasks import gateway_usage_copy
@@ -29,16 +28,6 @@ UNKNOWN_KEY = 987_654  # a key this console does not have: the copy leaves it ou
 def console_options():
     """The page needs the web server only: no worker (nothing is queued), no lab hub."""
     return {"worker": False}
-
-
-@pytest.fixture
-def gateway_redis():
-    """The gateway's Redis, under the prefix this run's consoles read; its usage hashes deleted after."""
-    client, prefix = traffic.redis_client(settings.REDIS_URL), settings.FADEN_GATEWAY_REDIS_PREFIX
-    yield client, prefix
-    names = list(client.scan_iter(f"{prefix}:usage:*"))
-    if names:
-        client.delete(*names)
 
 
 def screenshot(page, name: str) -> None:
