@@ -280,7 +280,10 @@ def apply_once(ctx: JobContext, deployment_id: int) -> list[str]:
     failures = each(mine, lambda c: _start(deployment, c))
     started = starting + [c for c in mine if c.state == CopyState.STARTING]
     WAIT.always(ctx, f"{len(started)} cop{'ies' if len(started) != 1 else 'y'} loading the model")
-    failures += _wait(ctx, deployment, started)
+    # A resumed job's copies that read Starting with no engine recorded: the worker may have stopped before it
+    # asked their machine to start them. One the machine does not list was never started: it is claimed again.
+    unsure = {c.pk for c in starting if c.pid is None} if ctx.job.resumes else set()
+    failures += _wait(ctx, deployment, started, unsure=unsure)
     deployment_changed(deployment)
     return failures
 
@@ -429,8 +432,9 @@ def _start(deployment: Deployment, copy: Copy) -> str | None:
     return None
 
 
-def _wait(ctx: JobContext, deployment: Deployment, started: list[Copy]) -> list[str]:
-    """Ask the machines about their starting copies until each serves or fails (or the start timeout)."""
+def _wait(ctx: JobContext, deployment: Deployment, started: list[Copy], *, unsure: set[int] = frozenset()) -> list[str]:
+    """Ask the machines about their starting copies until each serves or fails (or the start timeout). A copy in
+    ``unsure`` that its machine does not list goes back to the queue in its place, and the job goes round again."""
     deadline = time.monotonic() + settings.FADEN_COPY_START_TIMEOUT
     waiting = {c.pk: c for c in started}
     failures: list[str] = []
@@ -453,6 +457,11 @@ def _wait(ctx: JobContext, deployment: Deployment, started: list[Copy]) -> list[
                     copy_transition(copy, to=CopyState.SERVING, reason="", pid=status.pid, serving_since=timezone.now(),
                                     log_tail="")
                     waiting.pop(copy.pk, None)
+                elif status is None and copy.pk in unsure:
+                    copy_transition(copy, to=CopyState.QUEUED, only_from=[CopyState.STARTING],
+                                    reason="Waiting for its turn to start: the worker starting it stopped.")
+                    waiting.pop(copy.pk, None)
+                    apply_start(deployment)  # this job, running: it goes round once more and claims it
                 elif status is None or not status.running:
                     words = (status.log_tail if status else "") or "The engine is not running."
                     copy_transition(copy, to=CopyState.FAILED, reason=last_line(words), log_tail=words)

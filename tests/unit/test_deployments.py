@@ -356,3 +356,29 @@ def test_a_replacement_that_cannot_be_placed_leaves_the_old_copy_serving_and_say
     assert list(deployment.copy_rows.values_list("generation", "state")) == [(1, CopyState.SERVING)] * 3
     job = Job.objects.filter(kind=serving.KIND).latest("created_at")
     assert "keeps serving: its replacement cannot be placed yet (no machine has 8 free H100 80GB" in job.error
+
+
+def test_a_resumed_apply_starts_a_copy_its_dead_worker_left_starting_before_the_machine_was_asked(
+        cluster, model, fakes, operator):
+    """The worker died between the copy's Starting and its machine's start: the machine lists no engine, the
+    row no pid. The job taken up again starts it (it does not read Failed, which no check repairs: a drain
+    waiting on it as a replacement would wait until it is called stuck)."""
+    from deployments.tasks import deployment_apply
+    from tests.factories import JobFactory
+
+    deployment = services.deployment_create(ask=ask(cluster, model, copies=2), user=operator)
+    lost, kept = deployment.copy_rows.order_by("number")
+    fakes.copies[lost.machine.name].pop(lost.key)
+    Copy.objects.filter(pk=lost.pk).update(state=CopyState.STARTING, pid=None)
+    job = JobFactory(kind=serving.KIND, state="queued", resumes=1, target_type="deployment", target_id=deployment.pk,
+                     steps=[{"name": name, "state": "pending", "detail": ""} for name in serving.APPLY.step_names])
+
+    deployment_apply(job.pk)
+
+    lost.refresh_from_db()
+    assert lost.state == CopyState.SERVING, lost.state_reason
+    assert lost.pid == fakes.copies[lost.machine.name][lost.key]["pid"]
+    assert [kw["copy"] for _, kw in starts(fakes)].count(lost.key) == 2  # its first start, then this one
+    assert Copy.objects.get(pk=kept.pk).pid == kept.pid  # the serving copy is left alone
+    job.refresh_from_db()
+    assert job.state == "succeeded", job.log
