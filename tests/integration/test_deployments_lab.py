@@ -656,7 +656,7 @@ def test_a_serving_machine_removed_from_the_running_cluster_while_a_client_calls
             console.start_worker()
         job = Job.objects.get(pk=job_id)
         assert job.state not in JOB_TERMINAL or job.state == JobState.SUCCEEDED, job.log
-        assert time.monotonic() - started < 120, (seen, job.state, job.steps, job.log, drain_picture(deployment))
+        assert time.monotonic() - started < 120, (drain_picture(deployment)[0], seen, job.state, job.log[-800:], drain_picture(deployment)[1])
         time.sleep(0.05)
     gone = time.monotonic() - started
     time.sleep(1)
