@@ -7,7 +7,7 @@
    says why not and the copy keeps serving). Once the replacement reads Serving and the gateway has read its
    routes since, the old copy leaves the rotation (Stopping), keeps answering what it holds for
    FADEN_DRAIN_GRACE seconds, and stops. Nothing stops early. A copy not moved after FADEN_DRAIN_STUCK seconds
-   is said so on the drain.
+   is said so on the drain; one whose replacement failed at once, with why (nothing starts that one again).
 3. *Stop the copies agreed to*: they read Queued ("stopped by the drain of ...") and start again by themselves
    once a machine has room; their engines stop after the same grace.
 4. Drained; with Remove, *Leave Ray and the cluster* (Leaving the cluster): the runtime stops there, the machine
@@ -133,7 +133,8 @@ def _move_all(ctx: JobContext, drain: Drain) -> None:
     moved: dict = ctx.job.params.setdefault("moved", {})  # str(old copy id) -> its replacement's id
     since: dict[int, float] = {}
     handed: dict[int, int] = {}  # old copy id -> how often it was found still stopping
-    stuck_said = False
+    failed: dict[int, str] = {}  # old copy id -> why its replacement failed
+    stuck_said: set[int] = set()
     while True:
         drain = _still_draining(ctx, drain)
         ready, waiting, leaving = [], [], []
@@ -160,6 +161,10 @@ def _move_all(ctx: JobContext, drain: Drain) -> None:
                 ready.append(copy)
             else:
                 waiting.append(copy)
+                if new is not None and new.state == CopyState.FAILED:  # nothing starts it again: said at once
+                    where = _machine_name(new.machine_id)
+                    why = (new.state_reason or "see its log").removeprefix(f"{where}: ")
+                    failed[copy.pk] = f"#{new.number} on {where}: {why}"
         if ready or leaving:
             for copy in leaving:
                 handed[copy.pk] = handed.get(copy.pk, 0) + 1
@@ -170,15 +175,25 @@ def _move_all(ctx: JobContext, drain: Drain) -> None:
         if not waiting:
             return
         ctx.detail(f"{len(waiting)} cop{'ies' if len(waiting) != 1 else 'y'} waiting for the replacement to serve")
-        stuck = [c for c in waiting if time.monotonic() - since[c.pk] > settings.FADEN_DRAIN_STUCK]
-        if stuck and not stuck_said:
-            names = ", ".join(str(c) for c in stuck)
-            drain_transition(drain, to=DrainState.MOVING, only_from=[DrainState.MOVING],
-                             reason=f"{names} {'have' if len(stuck) != 1 else 'has'} not moved after "
-                                    f"{_duration(settings.FADEN_DRAIN_STUCK)}: the replacement did not start. Read the "
-                                    "deployment's errors, or stop the drain.")
-            stuck_said = True
+        stuck = [c for c in waiting if c.pk in failed or time.monotonic() - since[c.pk] > settings.FADEN_DRAIN_STUCK]
+        if {c.pk for c in stuck} - stuck_said:
+            drain_transition(drain, to=DrainState.MOVING, only_from=[DrainState.MOVING], reason=_stuck_words(stuck, failed))
+            stuck_said |= {c.pk for c in stuck}
         time.sleep(POLL_SECONDS)
+
+
+def _stuck_words(stuck: list[Copy], failed: dict[int, str]) -> str:
+    """The drain's reason while copies wait on replacements that failed, or that did not serve in time."""
+    said = []
+    broken = [c for c in stuck if c.pk in failed]
+    if broken:
+        said.append(" ".join(f"{c} has not moved: its replacement failed ({failed[c.pk]})." for c in broken))
+    late = [c for c in stuck if c.pk not in failed]
+    if late:
+        said.append(f"{', '.join(str(c) for c in late)} {'have' if len(late) != 1 else 'has'} not moved after "
+                    f"{_duration(settings.FADEN_DRAIN_STUCK)}: the replacement did not start.")
+    keeps = "They keep" if len(stuck) != 1 else "It keeps"
+    return " ".join(said) + f" {keeps} serving here. Read the deployment's errors, or stop the drain."
 
 
 def _duration(seconds: int) -> str:

@@ -14,7 +14,7 @@ from console.choices import JobState
 from console.models import Job
 from deployments import drain, drain_job, services, serving
 from deployments.choices import CopyState, DrainState
-from deployments.models import Copy, Drain
+from deployments.models import Copy, Deployment, Drain
 from tests.factories import UserFactory
 from tests.unit.test_deployments import ask, cluster, fakes, model, operator  # noqa: F401 (fixtures)
 
@@ -220,7 +220,9 @@ def test_a_copy_leaving_a_draining_machine_is_not_stopped_by_its_apply_job_befor
 
 def test_a_copy_whose_replacement_does_not_start_keeps_serving_and_the_drain_says_so(cluster, deployment, fakes,
                                                                                    operator, settings, monkeypatch):
-    settings.FADEN_DRAIN_STUCK = 0
+    """A replacement that failed is said at once, with why (nothing starts it again: waiting for
+    FADEN_DRAIN_STUCK would only say it later)."""
+    settings.FADEN_DRAIN_STUCK = 30 * 60
     old = worker_copy(deployment)
     target = free_machine(cluster, deployment)
     fakes.answers[target.name] = {"copy_error": ("not_retryable", "CUDA error: out of memory")}
@@ -240,7 +242,8 @@ def test_a_copy_whose_replacement_does_not_start_keeps_serving_and_the_drain_say
     row.refresh_from_db()
     assert Job.objects.get(pk=row.job_id).state == JobState.CANCELLED
     assert row.state == DrainState.MOVING
-    assert row.state_reason.startswith(f"{old} has not moved after 0 seconds: the replacement did not start."), row.state_reason
+    assert row.state_reason == (f"{old} has not moved: its replacement failed (#3 on {target.name}: CUDA error: out of "
+                                f"memory). It keeps serving here. Read the deployment's errors, or stop the drain."), row.state_reason
     assert Copy.objects.get(pk=old.pk).state == CopyState.SERVING  # nothing stopped early
     assert [kw["copy"] for _, method, kw in fakes.calls if method == "copy_stop"] == []
     # Stop drain: the replacement that did not start goes; the copy stays where it serves.
@@ -331,3 +334,14 @@ def test_a_drain_being_stopped_when_the_cluster_stops_is_over_and_a_drained_mach
 
     assert list(Drain.objects.values_list("machine_id", "state", "state_reason")) == [
         (other.machine_id, DrainState.DRAINED, "Drained.")]
+
+
+def test_copies_whose_replacements_are_late_are_named_with_the_setting_s_time_and_failed_ones_with_why(settings):
+    settings.FADEN_DRAIN_STUCK = 30 * 60
+    a, b, c = (Copy(pk=pk, number=pk, deployment=Deployment(name="chat")) for pk in (1, 2, 3))
+    assert drain_job._stuck_words([a, b], {}) == (
+        f"{a}, {b} have not moved after 30 minutes: the replacement did not start. They keep serving here. Read the "
+        "deployment's errors, or stop the drain.")
+    assert drain_job._stuck_words([a, c], {3: "#4 on lab-c: not enough memory"}) == (
+        f"{c} has not moved: its replacement failed (#4 on lab-c: not enough memory). {a} has not moved after 30 "
+        "minutes: the replacement did not start. They keep serving here. Read the deployment's errors, or stop the drain.")
