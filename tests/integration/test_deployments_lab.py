@@ -41,6 +41,7 @@ from deployments.gateway import traffic
 from deployments.forms import ask_from
 from deployments.models import Copy, Deployment, Drain, EngineSample, KeyUsage
 from machines.agent_client import Agent
+from machines.choices import MachineState
 from machines.models import Accelerator, Machine
 from tests.factories import UserFactory
 from tests.harness import INTERVALS, all_up, enrol, images_import, leave_nothing_running, running, wait_for
@@ -554,6 +555,10 @@ def test_a_deployment_deleted_while_a_machine_is_cut_off_runs_on_without_one_unt
                  what="the gateway to route tiny-left to lab-b's copy")
     finally:
         lab.fault("lab-b", "link-up", "mgmt")
+    # Back once its heartbeat is: until then lab-b reads Offline, and a check after Keep would place its copy on
+    # another machine, as it does for a machine that is gone (a fresh-clone run once moved it to lab-a there).
+    wait_for(lambda: Machine.objects.filter(name="lab-b", state=MachineState.HEALTHY).exists(), timeout=30,
+             what="lab-b's heartbeat back")
 
     def job_done(job):
         return wait_for(lambda: Job.objects.filter(pk=job.pk, state__in=JOB_TERMINAL).first(), timeout=30, what=job.title)

@@ -163,6 +163,36 @@ def test_keep_makes_it_a_deployment_again_with_the_same_processes(cluster, model
     assert [d.name for d in deployments_list()] == ["chat"] and orphans.orphans_of(cluster) == []
 
 
+def test_an_engine_left_on_a_machine_its_copy_moved_off_while_it_was_away_is_found_and_deleted_there_only(
+        cluster, model, fakes, operator):
+    """lab-b went offline, its copy was placed on lab-c; lab-b comes back with the old engine still running under
+    the copy's id. It is no copy's (the record places it on lab-c): Look for them lists it, it cannot be kept
+    (its key went with the copy), and Delete it properly stops lab-b's engine alone."""
+    deployment = deploy(cluster, model, operator)
+    moved = deployment.copy_rows.get(machine__name="lab-b")
+    stale = dict(fakes.copies["lab-b"][moved.key])
+    lab_c = cluster.members.get(machine__name="lab-c").machine
+    Copy.objects.filter(pk=moved.pk).update(machine=lab_c, slots=[moved.slots[0] | {"machine": lab_c.pk}])
+    fakes.copies.setdefault("lab-c", {})[moved.key] = stale | {"pid": 777}
+
+    job = orphans.orphans_look_start(cluster=cluster, user=operator)
+
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED, job.error
+    [found] = orphans.orphans_of(cluster)
+    assert (found.name, found.known, [(e["machine_name"], e["pid"]) for e in found.engines]) == (
+        "chat", False, [("lab-b", stale["pid"])])
+    assert found.keep_refusal and not orphans.take_offer(cluster, found, keep=True, role=roles.OPERATOR).ok
+
+    gone = orphans.orphan_take_over(cluster=cluster, name="chat", keep=False, user=operator)
+
+    gone.refresh_from_db()
+    assert gone.state == JobState.SUCCEEDED, gone.error
+    assert [(name, kw["copy"]) for name, method, kw in fakes.calls if method == "copy_stop"] == [("lab-b", moved.key)]
+    assert moved.key not in fakes.copies["lab-b"] and fakes.copies["lab-c"][moved.key]["pid"] == 777
+    assert deployment.copy_rows.count() == 2
+
+
 def test_delete_properly_stops_the_engines_and_frees_the_gpus(cluster, model, fakes, operator):
     deployment = orphaned_by_a_cut(cluster, model, operator, fakes)
     keys = {c.key for c in deployment.copy_rows.all()}
