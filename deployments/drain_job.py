@@ -124,10 +124,6 @@ def _wanted_moves(drain: Drain) -> list[dict]:
     return moves
 
 
-def _on_machine(copy: Copy, machine_id: int) -> bool:
-    return copy.machine_id == machine_id or any(s.get("machine") == machine_id for s in copy.slots or [])
-
-
 def _move_all(ctx: JobContext, drain: Drain) -> None:
     """Every move until each old copy has stopped (or gone by itself); the replacements start together."""
     moved: dict = ctx.job.params.setdefault("moved", {})  # str(old copy id) -> its replacement's id
@@ -140,7 +136,7 @@ def _move_all(ctx: JobContext, drain: Drain) -> None:
         ready, waiting, leaving = [], [], []
         for move in _wanted_moves(drain):
             copy = Copy.objects.select_related("deployment__cluster", "deployment__model").filter(pk=move["copy"]).first()
-            if copy is None or not _on_machine(copy, drain.machine_id) or copy.state not in HOLDS_ROOM | {CopyState.QUEUED}:
+            if copy is None or not copy.placed_on(drain.machine_id) or copy.state not in HOLDS_ROOM | {CopyState.QUEUED}:
                 continue  # stopped, moved, or scaled down meanwhile
             if copy.state == CopyState.STOPPING:
                 leaving.append(copy)  # out of the rotation already (a job taken up again): its grace, then it stops
@@ -161,7 +157,7 @@ def _move_all(ctx: JobContext, drain: Drain) -> None:
                 ready.append(copy)
             else:
                 waiting.append(copy)
-                if new is not None and new.state == CopyState.FAILED:  # nothing starts it again: said at once
+                if new is not None and new.state == CopyState.FAILED and copy.pk not in failed:  # said at once
                     where = _machine_name(new.machine_id)
                     why = (new.state_reason or "see its log").removeprefix(f"{where}: ")
                     failed[copy.pk] = f"#{new.number} on {where}: {why}"
@@ -338,7 +334,7 @@ def _stop_agreed(ctx: JobContext, drain: Drain) -> None:
     words = DRAIN_STOPPED.format(machine=drain.machine.name)
     for stop in drain.plan.get("stops", []):
         copy = Copy.objects.filter(pk=stop["copy"]).first()
-        if copy is None or not _on_machine(copy, drain.machine_id) or str(copy.pk) in stopping:
+        if copy is None or not copy.placed_on(drain.machine_id) or str(copy.pk) in stopping:
             continue
         if copy.state == CopyState.STOPPING:
             continue  # stopped anyway (scaled down, deleted): its own job ends it

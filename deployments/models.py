@@ -206,6 +206,10 @@ class Copy(models.Model):
         """The copy's name on its machine (the agent's copy id)."""
         return self.agent_key or f"d{self.deployment_id}-c{self.number}"
 
+    def placed_on(self, machine_id: int) -> bool:
+        """Whether the copy's record places it on the machine (its first machine, or any of its slots')."""
+        return self.machine_id == machine_id or any(s.get("machine") == machine_id for s in self.slots or [])
+
     @property
     def badge(self) -> str:
         return COPY_BADGE.get(self.state, "grey")

@@ -211,7 +211,7 @@ def orphans_look_run(ctx: JobContext, *, cluster_id: int) -> None:
     known = _known_copies({key for _, key in listed})
     engines: dict[str, dict] = {}  # engines no record knows, by their id
     for (machine_id, key), status in listed.items():
-        if orphan_engines.is_ray_node(key) or (key in known and _placed_on(known[key], machine_id)):
+        if orphan_engines.is_ray_node(key) or (key in known and known[key].placed_on(machine_id)):
             continue  # an engine its copy's record places elsewhere (moved while its machine was away) is no copy's
         engines[key] = orphan_engines.engine_entry(status, machine_id=machine_id, machine_name=names[machine_id])
     for (machine_id, key), status in listed.items():  # a spanning engine's Ray nodes go with it (delete stops them)
@@ -227,10 +227,6 @@ def orphans_look_run(ctx: JobContext, *, cluster_id: int) -> None:
     words = f"{orphaned + len(unknown)} model{'s' if orphaned + len(unknown) != 1 else ''} running without a deployment"
     ctx.detail(words + (f"; not asked: {'; '.join(not_asked)}" if not_asked else ""))
     serving.queued_woken(cluster.pk)  # copies found gone freed their GPUs
-
-
-def _placed_on(copy: Copy, machine_id: int) -> bool:
-    return copy.machine_id == machine_id or any(s.get("machine") == machine_id for s in copy.slots or [])
 
 
 def _known_found(cluster: Cluster, listings: dict[int, list], listed: dict) -> None:

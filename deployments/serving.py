@@ -239,9 +239,27 @@ def delete_abandoned(job: Job) -> None:
 
 def _resumed(deployment: Deployment) -> None:
     """A worker died in the middle of this job (the only one that claims copies): what it had claimed
-    but not started goes back to the queue; engines it started are looked at again."""
+    but not started goes back to the queue; engines it started are looked at again. A copy that reads
+    Starting with no engine recorded may never have been started (the worker stopped before it asked the
+    machine): one its machine does not list goes back to the queue in its place too, and is claimed again."""
     copies_transition(deployment.copy_rows.all(), to=CopyState.QUEUED, reason="Waiting for its turn to start.",
                       only_from=[CopyState.COPYING])
+    unsure: dict[int, list[Copy]] = {}
+    for copy in deployment.copy_rows.filter(state=CopyState.STARTING, pid__isnull=True).select_related("machine"):
+        unsure.setdefault(copy.machine_id, []).append(copy)
+
+    def look(copies: list[Copy]) -> None:
+        try:
+            with Agent.open(copies[0].machine) as agent:
+                listed = {s.copy for s in agent.copy_list()}
+        except AgentError:
+            return  # not known: the wait asks again
+        for copy in copies:
+            if copy.key not in listed:
+                copy_transition(copy, to=CopyState.QUEUED, only_from=[CopyState.STARTING],
+                                reason="Waiting for its turn to start: the worker starting it stopped.")
+
+    each(list(unsure.values()), look)
 
 
 def apply_abandoned(job: Job) -> None:
@@ -280,10 +298,7 @@ def apply_once(ctx: JobContext, deployment_id: int) -> list[str]:
     failures = each(mine, lambda c: _start(deployment, c))
     started = starting + [c for c in mine if c.state == CopyState.STARTING]
     WAIT.always(ctx, f"{len(started)} cop{'ies' if len(started) != 1 else 'y'} loading the model")
-    # A resumed job's copies that read Starting with no engine recorded: the worker may have stopped before it
-    # asked their machine to start them. One the machine does not list was never started: it is claimed again.
-    unsure = {c.pk for c in starting if c.pid is None} if ctx.job.resumes else set()
-    failures += _wait(ctx, deployment, started, unsure=unsure)
+    failures += _wait(ctx, deployment, started)
     deployment_changed(deployment)
     return failures
 
@@ -432,9 +447,8 @@ def _start(deployment: Deployment, copy: Copy) -> str | None:
     return None
 
 
-def _wait(ctx: JobContext, deployment: Deployment, started: list[Copy], *, unsure: set[int] = frozenset()) -> list[str]:
-    """Ask the machines about their starting copies until each serves or fails (or the start timeout). A copy in
-    ``unsure`` that its machine does not list goes back to the queue in its place, and the job goes round again."""
+def _wait(ctx: JobContext, deployment: Deployment, started: list[Copy]) -> list[str]:
+    """Ask the machines about their starting copies until each serves or fails (or the start timeout)."""
     deadline = time.monotonic() + settings.FADEN_COPY_START_TIMEOUT
     waiting = {c.pk: c for c in started}
     failures: list[str] = []
@@ -457,11 +471,6 @@ def _wait(ctx: JobContext, deployment: Deployment, started: list[Copy], *, unsur
                     copy_transition(copy, to=CopyState.SERVING, reason="", pid=status.pid, serving_since=timezone.now(),
                                     log_tail="")
                     waiting.pop(copy.pk, None)
-                elif status is None and copy.pk in unsure:
-                    copy_transition(copy, to=CopyState.QUEUED, only_from=[CopyState.STARTING],
-                                    reason="Waiting for its turn to start: the worker starting it stopped.")
-                    waiting.pop(copy.pk, None)
-                    apply_start(deployment)  # this job, running: it goes round once more and claims it
                 elif status is None or not status.running:
                     words = (status.log_tail if status else "") or "The engine is not running."
                     copy_transition(copy, to=CopyState.FAILED, reason=last_line(words), log_tail=words)
